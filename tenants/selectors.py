@@ -1,0 +1,30 @@
+"""Reads, always scoped to one tenant: the single place tenant isolation is enforced for keys."""
+
+from django.db.models import QuerySet
+from django.http import Http404
+
+from .models import ApiKey, Membership, Tenant
+
+
+def api_key_list(*, tenant: Tenant) -> QuerySet[ApiKey]:
+    return ApiKey.objects.filter(tenant=tenant).select_related("created_by")
+
+
+def api_key_get(*, tenant: Tenant, key_id) -> ApiKey:
+    """Another tenant's key is indistinguishable from a missing one (404, never 403)."""
+    try:
+        return api_key_list(tenant=tenant).get(pk=int(key_id))
+    except (ApiKey.DoesNotExist, ValueError, TypeError):
+        raise Http404("No such API key.") from None
+
+
+def memberships_for_user(user) -> QuerySet[Membership]:
+    return Membership.objects.filter(user=user).select_related("tenant")
+
+
+def membership_for(*, user, tenant_slug: str | None) -> Membership | None:
+    """The membership a signed-in user acts through: the chosen tenant, else their first one."""
+    memberships = memberships_for_user(user).order_by("tenant__slug")
+    if tenant_slug:
+        return memberships.filter(tenant__slug=tenant_slug).first()
+    return memberships.first()
