@@ -1,0 +1,34 @@
+"""Errors a caller of the engine can cause.
+
+Every class is a ValueError so a serving layer can map all of them to a 4xx
+answer, and every message says what to change. Anything else the engine raises
+is a bug or a broken machine, not the caller's fault.
+"""
+
+
+class EngineError(ValueError):
+    """Base class for errors caused by the engine's input (config, model, request)."""
+
+
+class ConfigError(EngineError):
+    """An EngineConfig value is out of range or inconsistent with the model."""
+
+
+class ModelLoadError(EngineError):
+    """The model folder is missing, corrupt, incomplete or of an unsupported kind."""
+
+
+class InvalidRequestError(EngineError):
+    """A request cannot be served as given (empty prompt, bad token ids, ...)."""
+
+
+class PromptTooLongError(InvalidRequestError):
+    """The prompt does not fit the model's context or the whole KV cache."""
+
+
+class SamplingParamsError(InvalidRequestError):
+    """A sampling value is out of range."""
+
+
+class DuplicateRequestError(InvalidRequestError):
+    """A request id is already in use by an unfinished request."""
