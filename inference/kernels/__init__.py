@@ -1,0 +1,18 @@
+"""Multi-LoRA kernels: segmented shrink/expand over a batch of tokens using many adapters.
+
+Triton on CUDA, a torch reference on CPU, one signature. Nothing here imports Django, and the
+Triton module is imported only when the Triton backend runs.
+"""
+
+from inference.kernels.backend import select_backend
+from inference.kernels.lora_batch import LoRABatch, make_lora_batch
+from inference.kernels.lora_ops import add_lora, lora_expand, lora_shrink
+
+__all__ = [
+    "LoRABatch",
+    "add_lora",
+    "lora_expand",
+    "lora_shrink",
+    "make_lora_batch",
+    "select_backend",
+]

@@ -1,0 +1,116 @@
+"""Per-step LoRA batch metadata: which tokens use which adapter slot.
+
+Built once per engine step and shared by every layer. Tokens are grouped by slot with one
+stable sort, so every active slot owns one contiguous *segment* of `sorted_token_ids`
+(Punica's SGMV segments, made contiguous by sorting instead of by request order). The
+segment table lives both on the device (for kernels) and on the host (for launch grids and
+the CPU loop), so no layer ever has to synchronise with the device to read it.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from inference.kernels.backend import check_backend, select_backend
+
+PATHS = ("sgmv", "bgmv")
+# Mean tokens per active slot from which the segment kernels (SGMV) beat the per-token ones
+# (BGMV): below it, most rows of a tl.dot tile would be padding. Decode with one request per
+# adapter has a mean of 1; prefill has hundreds.
+SGMV_MIN_MEAN_SEGMENT = 4
+
+
+@dataclass(frozen=True)
+class LoRABatch:
+    token_slots: torch.Tensor  # [T] int64, device; -1 = no adapter
+    sorted_token_ids: torch.Tensor  # [T_active] int64, device; tokens with an adapter, by slot
+    seg_starts: torch.Tensor  # [G] int64, device; segment g is sorted_token_ids[start:start+len]
+    seg_lens: torch.Tensor  # [G] int64, device
+    seg_slots: torch.Tensor  # [G] int64, device; slot of segment g
+    padded_rows: torch.Tensor  # [T_active] int64, device; g * max_seg_len + position in segment
+    segments: tuple[tuple[int, int, int], ...]  # host copy: (slot, start, length) per segment
+    num_tokens: int  # T, including tokens without an adapter
+    max_seg_len: int  # longest segment; sizes the SGMV grid
+    max_slot: int  # highest slot used, -1 if none; checked against the stacked weights
+    path: str  # "sgmv" (segments) or "bgmv" (one program per token)
+    backend: str  # "torch" or "triton"
+
+    @property
+    def num_segments(self) -> int:
+        return len(self.segments)
+
+    @property
+    def device(self) -> torch.device:
+        return self.token_slots.device
+
+
+def make_lora_batch(
+    token_slots: torch.Tensor,
+    *,
+    device: torch.device | str | None = None,
+    path: str | None = None,
+    backend: str | None = None,
+) -> LoRABatch:
+    """Group tokens by adapter slot. One host copy of the slots, one sort, one upload.
+
+    `device` defaults to token_slots' device; an engine that builds the slots on the host
+    passes its device here and skips a device-to-host copy. `path` and `backend` default to
+    the heuristic and `select_backend`; benchmarks and tests force them.
+    """
+    if not isinstance(token_slots, torch.Tensor):
+        raise ValueError(f"token_slots must be a torch.Tensor, got {type(token_slots).__name__}")
+    if token_slots.dim() != 1:
+        raise ValueError(
+            f"token_slots must be 1-D [num_tokens], got shape {tuple(token_slots.shape)}"
+        )
+    if (
+        token_slots.dtype.is_floating_point
+        or token_slots.dtype.is_complex
+        or token_slots.dtype == torch.bool
+    ):
+        raise ValueError(f"token_slots must be an integer tensor, got {token_slots.dtype}")
+    device = token_slots.device if device is None else torch.device(device)
+    backend = select_backend(device) if backend is None else backend
+    check_backend(backend, device)
+    if path is not None and path not in PATHS:
+        raise ValueError(f"path={path!r} is not a LoRA kernel path; use one of {PATHS}")
+
+    host = token_slots.detach().to("cpu", torch.int64)
+    if host.numel() and int(host.min()) < -1:
+        raise ValueError(
+            f"token slot {int(host.min())} is invalid: slots are >= 0, or -1 for no adapter"
+        )
+    sorted_slots, order = torch.sort(host, stable=True)
+    slots, lens = torch.unique_consecutive(sorted_slots, return_counts=True)
+    num_inactive = int(lens[0]) if slots.numel() and int(slots[0]) == -1 else 0
+    if num_inactive:
+        slots, lens = slots[1:], lens[1:]
+    starts = torch.cumsum(lens, 0) - lens
+    active_ids = order[num_inactive:]
+    max_len = int(lens.max()) if lens.numel() else 0
+    segment_of = torch.repeat_interleave(torch.arange(lens.numel()), lens)
+    padded_rows = segment_of * max_len + torch.arange(active_ids.numel()) - starts[segment_of]
+
+    # One upload for the whole table instead of one per field.
+    packed = torch.cat([host, active_ids, starts, lens, slots, padded_rows])
+    n_tok, n_act, n_seg = host.numel(), active_ids.numel(), slots.numel()
+    token_dev, ids_dev, starts_dev, lens_dev, slots_dev, padded_dev = packed.to(device).split(
+        [n_tok, n_act, n_seg, n_seg, n_seg, n_act]
+    )
+    segments = tuple(zip(slots.tolist(), starts.tolist(), lens.tolist(), strict=True))
+    if path is None:
+        path = "sgmv" if n_act >= SGMV_MIN_MEAN_SEGMENT * max(n_seg, 1) else "bgmv"
+    return LoRABatch(
+        token_slots=token_dev,
+        sorted_token_ids=ids_dev,
+        seg_starts=starts_dev,
+        seg_lens=lens_dev,
+        seg_slots=slots_dev,
+        padded_rows=padded_dev,
+        segments=segments,
+        num_tokens=n_tok,
+        max_seg_len=max_len,
+        max_slot=int(slots[-1]) if n_seg else -1,
+        path=path,
+        backend=backend,
+    )

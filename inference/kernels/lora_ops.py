@@ -1,0 +1,83 @@
+"""The multi-LoRA ops the engine calls: check the inputs once, then run the batch's backend.
+
+For each target linear, per token t with adapter slot s (s = -1: no adapter):
+    out[t] += scales[s] * (x[t] @ A[s]^T) @ B[s]^T
+A merged linear (q/k/v, gate/up) passes one A/B pair per output slice; slice i writes the
+columns [offset_i, offset_i + width_i) of `out`, offsets following the list order.
+"""
+
+from types import ModuleType
+
+import torch
+
+from inference.kernels import lora_torch
+from inference.kernels.lora_batch import LoRABatch
+from inference.kernels.lora_checks import check_add_lora, check_expand, check_scratch, check_shrink
+
+
+def _impl(batch: LoRABatch) -> ModuleType:
+    if batch.backend == "triton":
+        # Imported here only: defining @triton.jit kernels must never happen on a CPU engine.
+        from inference.kernels import lora_triton
+
+        return lora_triton
+    return lora_torch
+
+
+def lora_shrink(
+    x: torch.Tensor, lora_a: list[torch.Tensor], batch: LoRABatch, out: torch.Tensor
+) -> None:
+    """out[i, t, :] = x[t] @ lora_a[i][slot[t]]^T. x [T, in], lora_a[i] [S, R, in], out [n, T, R].
+
+    Rows of tokens without an adapter are left as they were (their content must not matter).
+    """
+    check_shrink(x, lora_a, batch, out)
+    if batch.num_segments:
+        _impl(batch).lora_shrink(x, lora_a, batch, out)
+
+
+def lora_expand(
+    y: torch.Tensor,
+    lora_b: list[torch.Tensor],
+    scales: torch.Tensor,
+    batch: LoRABatch,
+    out: torch.Tensor,
+    add: bool = True,
+) -> None:
+    """out[t, cols_i] (+)= scales[slot[t]] * y[i, t] @ lora_b[i][slot[t]]^T.
+
+    y [n, T, R], lora_b[i] [S, width_i, R], scales [S], out [T, sum(width_i)]. `add=False`
+    overwrites instead of adding. Rows of tokens without an adapter are never written.
+    """
+    check_expand(y, lora_b, scales, batch, out)
+    if batch.num_segments:
+        _impl(batch).lora_expand(y, lora_b, scales, batch, out, add)
+
+
+def add_lora(
+    out: torch.Tensor,
+    x: torch.Tensor,
+    lora_a: list[torch.Tensor],
+    lora_b: list[torch.Tensor],
+    scales: torch.Tensor,
+    batch: LoRABatch,
+    buffer: torch.Tensor | None = None,
+) -> None:
+    """Shrink then expand into `out`: the one call the engine makes per target linear.
+
+    `buffer` is optional fp32 scratch of at least [n_slices, T, R]; the engine can allocate
+    one for its largest batch and reuse it in every layer instead of allocating per call.
+    """
+    check_add_lora(out, x, lora_a, lora_b, scales, batch)
+    n, rank, t = len(lora_a), lora_a[0].shape[1], batch.num_tokens
+    if buffer is not None:
+        check_scratch(buffer, n, rank, batch)
+    if not batch.num_segments:
+        return
+    if buffer is None:
+        y = torch.empty((n, t, rank), dtype=torch.float32, device=x.device)
+    else:
+        y = buffer[:n, :t]
+    impl = _impl(batch)
+    impl.lora_shrink(x, lora_a, batch, y)
+    impl.lora_expand(y, lora_b, scales, batch, out, True)

@@ -1,0 +1,243 @@
+"""Parsing OpenAI-style request bodies into what the engine needs, refusing what it can't honour.
+
+Pure functions, no Django: every refusal is a `ProtocolError` naming the parameter, so a
+client learns at once that (say) `presence_penalty` is not supported instead of getting
+an answer that silently ignored it.
+"""
+
+import json
+from dataclasses import dataclass, field
+
+MAX_TOP_LOGPROBS = 20
+MAX_STOP_SEQUENCES = 4
+
+# Accepted only at their neutral value: anything else would change the answer in a way
+# the engine does not implement.
+_NEUTRAL = {
+    "presence_penalty": (0, 0.0),
+    "frequency_penalty": (0, 0.0),
+    "logit_bias": ({},),
+    "n": (1,),
+    "best_of": (1,),
+    "echo": (False,),
+    "parallel_tool_calls": (False,),
+    "tools": ([],),
+    "functions": ([],),
+    "tool_choice": ("none",),
+    "function_call": ("none",),
+    "response_format": ({"type": "text"},),
+    "suffix": ("",),
+    "modalities": (["text"],),
+}
+# Metadata with no effect on generation.
+_IGNORED = {"user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier"}
+_COMMON = {"model", "stream", "stream_options", "temperature", "top_p", "top_k", "seed", "stop",
+           "ignore_eos"}
+CHAT_FIELDS = _COMMON | {"messages", "max_tokens", "max_completion_tokens", "logprobs", "top_logprobs"}
+COMPLETION_FIELDS = _COMMON | {"prompt", "max_tokens", "logprobs"}
+CHAT_ROLES = {"system", "developer", "user", "assistant"}
+
+
+class ProtocolError(ValueError):
+    def __init__(self, message: str, *, param: str | None = None, code: str = "invalid_request"):
+        super().__init__(message)
+        self.message, self.param, self.code = message, param, code
+
+
+@dataclass
+class GenerationRequest:
+    """One parsed request. `messages` for chat, `prompt` (text or token ids) for completions."""
+
+    model: str
+    stream: bool = False
+    include_usage: bool = False
+    messages: list[dict] | None = None
+    prompt: str | list[int] | None = None
+    max_tokens: int | None = None  # None: up to the end of the context
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    ignore_eos: bool = False
+    logprobs: int | None = None  # None: off; N: chosen token plus the top N
+
+    def sampling_kwargs(self) -> dict:
+        return {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "seed": self.seed,
+            "stop": self.stop,
+            "ignore_eos": self.ignore_eos,
+            "logprobs": self.logprobs,
+        }
+
+
+def load_json(raw: bytes) -> dict:
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ProtocolError(f"The request body is not valid JSON: {exc}.", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise ProtocolError("The request body must be a JSON object.", code="invalid_json")
+    return body
+
+
+def parse_chat_request(body: dict) -> GenerationRequest:
+    _refuse_unsupported(body, CHAT_FIELDS)
+    request = _parse_common(body)
+    request.messages = _parse_messages(body.get("messages"))
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    param = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
+    request.max_tokens = _optional_positive_int(max_tokens, param)
+    logprobs = body.get("logprobs")
+    if logprobs not in (None, True, False):
+        raise ProtocolError("logprobs must be a boolean.", param="logprobs")
+    top = body.get("top_logprobs")
+    if top is not None:
+        if not logprobs:
+            raise ProtocolError("top_logprobs needs logprobs: true.", param="top_logprobs")
+        _require(_is_int(top) and 0 <= top <= MAX_TOP_LOGPROBS,
+                 f"top_logprobs must be an integer from 0 to {MAX_TOP_LOGPROBS}.", "top_logprobs")
+    request.logprobs = (top or 0) if logprobs else None
+    return request
+
+
+def parse_completion_request(body: dict) -> GenerationRequest:
+    _refuse_unsupported(body, COMPLETION_FIELDS)
+    request = _parse_common(body)
+    request.prompt = _parse_prompt(body.get("prompt"))
+    request.max_tokens = _optional_positive_int(body.get("max_tokens", 16), "max_tokens")
+    logprobs = body.get("logprobs")
+    if logprobs is not None:
+        _require(_is_int(logprobs) and 0 <= logprobs <= MAX_TOP_LOGPROBS,
+                 f"logprobs must be an integer from 0 to {MAX_TOP_LOGPROBS}.", "logprobs")
+    request.logprobs = logprobs
+    return request
+
+
+def _refuse_unsupported(body: dict, allowed: set[str]):
+    for name, value in body.items():
+        if name in allowed or name in _IGNORED:
+            continue
+        if name in _NEUTRAL:
+            if value is None or value in _NEUTRAL[name]:
+                continue
+            raise ProtocolError(f"The parameter '{name}' is not supported by this server.",
+                                param=name, code="unsupported_parameter")
+        raise ProtocolError(f"Unknown parameter '{name}'.", param=name, code="unknown_parameter")
+
+
+def _parse_common(body: dict) -> GenerationRequest:
+    model = body.get("model")
+    _require(isinstance(model, str) and model.strip(), "model is required (a model name string).", "model")
+    stream = body.get("stream", False) or False
+    _require(isinstance(stream, bool), "stream must be a boolean.", "stream")
+    options = body.get("stream_options") or {}
+    _require(isinstance(options, dict) and set(options) <= {"include_usage"},
+             "stream_options may only hold include_usage.", "stream_options")
+    if options and not stream:
+        raise ProtocolError("stream_options needs stream: true.", param="stream_options")
+    request = GenerationRequest(model=model.strip(), stream=stream,
+                                include_usage=bool(options.get("include_usage", False)))
+    temperature = body.get("temperature")
+    if temperature is not None:
+        _require(_is_number(temperature) and 0 <= temperature <= 2,
+                 "temperature must be a number from 0 to 2.", "temperature")
+        request.temperature = float(temperature)
+    top_p = body.get("top_p")
+    if top_p is not None:
+        _require(_is_number(top_p) and 0 < top_p <= 1, "top_p must be in (0, 1].", "top_p")
+        request.top_p = float(top_p)
+    top_k = body.get("top_k")
+    if top_k is not None:
+        _require(_is_int(top_k) and (top_k == -1 or top_k >= 1),
+                 "top_k must be -1 (off) or a positive integer.", "top_k")
+        request.top_k = top_k
+    seed = body.get("seed")
+    if seed is not None:
+        _require(_is_int(seed), "seed must be an integer.", "seed")
+        request.seed = seed
+    request.stop = _parse_stop(body.get("stop"))
+    ignore_eos = body.get("ignore_eos", False)
+    _require(isinstance(ignore_eos, bool), "ignore_eos must be a boolean.", "ignore_eos")
+    request.ignore_eos = ignore_eos
+    return request
+
+
+def _parse_stop(stop) -> list[str]:
+    if stop is None:
+        return []
+    stops = [stop] if isinstance(stop, str) else stop
+    _require(isinstance(stops, list) and all(isinstance(s, str) and s for s in stops),
+             "stop must be a non-empty string or a list of them.", "stop")
+    _require(len(stops) <= MAX_STOP_SEQUENCES, f"stop takes at most {MAX_STOP_SEQUENCES} sequences.", "stop")
+    return stops
+
+
+def _parse_messages(messages) -> list[dict]:
+    _require(isinstance(messages, list) and messages, "messages must be a non-empty list.", "messages")
+    parsed = []
+    for i, message in enumerate(messages):
+        where = f"messages[{i}]"
+        _require(isinstance(message, dict), f"{where} must be an object.", where)
+        role = message.get("role")
+        _require(role in CHAT_ROLES, f"{where}.role must be one of {', '.join(sorted(CHAT_ROLES))}; "
+                 f"got {role!r}.", f"{where}.role")
+        extra = set(message) - {"role", "content", "name"}
+        _require(not extra, f"{where} has unsupported field(s): {', '.join(sorted(extra))}.", where)
+        content = _message_text(message.get("content"), where)
+        if role != "assistant":
+            _require(content.strip(), f"{where}.content must not be empty.", f"{where}.content")
+        parsed.append({"role": "system" if role == "developer" else role, "content": content})
+    _require(parsed[-1]["role"] != "assistant" or len(parsed) > 1,
+             "messages must hold at least one system or user message.", "messages")
+    return parsed
+
+
+def _message_text(content, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for j, part in enumerate(content):
+            ok = isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
+            _require(ok, f"{where}.content[{j}] must be a text part; only text is supported.",
+                     f"{where}.content")
+            texts.append(part["text"])
+        return "".join(texts)
+    raise ProtocolError(f"{where}.content must be a string or a list of text parts.",
+                        param=f"{where}.content")
+
+
+def _parse_prompt(prompt) -> str | list[int]:
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        _require(prompt != "", "prompt must not be empty.", "prompt")
+        return prompt
+    if isinstance(prompt, list) and prompt and all(_is_int(t) and t >= 0 for t in prompt):
+        return prompt
+    raise ProtocolError("prompt must be a non-empty string, or a list of token ids "
+                        "(batches of prompts are not supported).", param="prompt")
+
+
+def _optional_positive_int(value, param: str) -> int | None:
+    if value is None:
+        return None
+    _require(_is_int(value) and value >= 1, f"{param} must be a positive integer.", param)
+    return value
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _require(ok, message: str, param: str | None):
+    if not ok:
+        raise ProtocolError(message, param=param)

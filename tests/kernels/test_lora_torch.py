@@ -1,0 +1,92 @@
+"""The torch reference (CPU backend, and oracle for the kernels) against the definition."""
+
+import pytest
+import torch
+
+from inference.kernels import add_lora, lora_expand, lora_shrink, lora_torch, make_lora_batch
+from tests.kernels.factories import decode_slots, make_weights, naive_add_lora, prefill_slots
+
+SLOTS = 6
+USE_PADDING = lora_torch._use_padding  # the real rule, before the fixture replaces it
+RANKS = [16, 8, 4, 0, 16, 8]  # slot 3 is empty
+
+
+@pytest.fixture(autouse=True, params=["per-segment", "padded"])
+def strategy(request, monkeypatch):
+    """Every test runs both strategies: padding forced on, or never used."""
+    if request.param == "padded":
+        monkeypatch.setattr(lora_torch, "_use_padding", lambda batch: batch.num_segments > 0)
+    else:
+        monkeypatch.setattr(lora_torch, "_use_padding", lambda batch: False)
+    return request.param
+
+
+def _run(token_slots, in_features, widths, dtype=torch.float32):
+    lora_a, lora_b, scales = make_weights(SLOTS, in_features, widths, RANKS, dtype=dtype)
+    x = torch.randn(len(token_slots), in_features).to(dtype)
+    out = torch.randn(len(token_slots), sum(widths)).to(dtype)
+    expected = naive_add_lora(out, x, lora_a, lora_b, scales, token_slots)
+    add_lora(out, x, lora_a, lora_b, scales, make_lora_batch(token_slots, backend="torch"))
+    return out, expected
+
+
+@pytest.mark.parametrize(
+    "token_slots",
+    [
+        torch.tensor([2]),
+        torch.tensor([-1]),
+        torch.tensor([4, -1, 0, 4, 1, -1, 5, 0, 2]),  # unsorted, repeated, mixed with -1
+        prefill_slots([20, 1, 13], [1, -1, 5]),
+        decode_slots(17, SLOTS),
+        torch.full((12,), 0),  # one adapter for the whole batch
+    ],
+    ids=["one-token", "no-adapter", "unsorted", "prefill", "decode", "one-adapter"],
+)
+@pytest.mark.parametrize("widths", [[40], [48, 16, 16], [24, 24]], ids=["o", "qkv", "gate_up"])
+def test_reference_matches_the_per_token_definition(token_slots, widths):
+    out, expected = _run(token_slots, 40, widths)
+    torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_reference_accumulates_half_precision_in_fp32(dtype):
+    out, expected = _run(torch.tensor([0, 1, -1, 4, 4, 5, 0]), 96, [32, 16], dtype)
+    # Only the final rounding to the storage dtype is allowed: one ulp of the output.
+    tol = 8e-3 if dtype == torch.bfloat16 else 1e-3
+    torch.testing.assert_close(out.double(), expected.to(dtype).double(), rtol=tol, atol=tol)
+
+
+def test_expand_without_add_overwrites_only_rows_with_an_adapter():
+    token_slots = torch.tensor([1, -1, 0, 1])
+    lora_a, lora_b, scales = make_weights(2, 32, [16, 8], [8, 4])
+    x = torch.randn(4, 32)
+    batch = make_lora_batch(token_slots, backend="torch")
+    y = torch.empty(2, 4, 16)
+    lora_shrink(x, lora_a, batch, y)
+    out = torch.randn(4, 24)
+    before = out.clone()
+    lora_expand(y, lora_b, scales, batch, out, add=False)
+    expected = naive_add_lora(torch.zeros(4, 24), x, lora_a, lora_b, scales, token_slots)
+    torch.testing.assert_close(out[[0, 2, 3]].double(), expected[[0, 2, 3]], rtol=1e-5, atol=1e-5)
+    assert torch.equal(out[1], before[1])
+
+
+def test_shrink_writes_each_slice_at_its_rank_padded_to_the_stack():
+    token_slots = torch.tensor([0, 1])
+    lora_a, _, _ = make_weights(2, 32, [16, 8], [16, 4])
+    x = torch.randn(2, 32)
+    y = torch.empty(2, 2, 16)
+    lora_shrink(x, lora_a, make_lora_batch(token_slots, backend="torch"), y)
+    torch.testing.assert_close(y[1, 0], lora_a[1][0] @ x[0])
+    torch.testing.assert_close(y[0, 1], lora_a[0][1] @ x[1])
+    assert torch.equal(y[:, 1, 4:], torch.zeros(2, 12))  # rank 4 adapter: padding stays zero
+
+
+def test_padding_is_chosen_for_several_adapters_but_not_for_a_prefill_among_decodes():
+    def padded(token_slots):
+        return USE_PADDING(make_lora_batch(token_slots, backend="torch"))
+
+    assert padded(torch.arange(8) % 4)  # decode: 4 adapters, 2 tokens each
+    assert padded(torch.arange(256) % 8)  # even segments waste nothing
+    assert not padded(torch.zeros(16, dtype=torch.int64))  # one adapter: one plain matmul
+    assert not padded(prefill_slots([200, 1, 1, 1], [0, 1, 2, 3]))  # 800 rows for 203
