@@ -42,6 +42,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "tenants",
+    "registry",
 ]
 
 MIDDLEWARE = [
@@ -152,6 +153,35 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+
+# Adapter registry (see the README's configuration table).
+MAX_LORA_RANK = env.int("LORAPLEX_MAX_LORA_RANK", default=64)
+MAX_ADAPTER_BYTES = env.int("LORAPLEX_MAX_ADAPTER_BYTES", default=512 * 1024 * 1024)
+MODELS_DIR = Path(env.str("LORAPLEX_MODELS_DIR", default=str(VAR_DIR / "models")))
+ADAPTER_CACHE_DIR = Path(
+    env.str("LORAPLEX_ADAPTER_CACHE_DIR", default=str(VAR_DIR / "adapter-cache"))
+)
+ADAPTER_CACHE_BYTES = env.int("LORAPLEX_ADAPTER_CACHE_BYTES", default=4 * 1024**3)
+S3_IMPORT_BUCKETS = env.list("LORAPLEX_S3_IMPORT_BUCKETS", default=[])
+S3_IMPORT_ENDPOINT_URL = (
+    env.str("LORAPLEX_S3_IMPORT_ENDPOINT_URL", default="")
+    or env.str("AWS_S3_ENDPOINT_URL", default="")
+    or None
+)
+S3_IMPORT_REGION = env.str("AWS_S3_REGION_NAME", default="us-east-1")
+VALIDATION_DEADLINE_SECONDS = env.int("LORAPLEX_VALIDATION_DEADLINE_SECONDS", default=900)
+VALIDATION_MAX_ATTEMPTS = env.int("LORAPLEX_VALIDATION_MAX_ATTEMPTS", default=3)
+TASK_RETRIES = env.int("LORAPLEX_TASK_RETRIES", default=5)
+TASK_RETRY_BACKOFF_SECONDS = env.float("LORAPLEX_TASK_RETRY_BACKOFF_SECONDS", default=2.0)
+TASK_RETRY_BACKOFF_MAX = env.float("LORAPLEX_TASK_RETRY_BACKOFF_MAX", default=300.0)
+TASK_SOFT_TIME_LIMIT = env.int("LORAPLEX_TASK_SOFT_TIME_LIMIT", default=600)
+CELERY_BEAT_SCHEDULE = {
+    "registry-sweep-stuck-validations": {
+        "task": "registry.sweep_stuck_validations",
+        "schedule": env.float("LORAPLEX_SWEEP_INTERVAL_SECONDS", default=300.0),
+    },
+}
+CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 
 REDIS_URL = env.str("REDIS_URL", default="")
 CACHES = {

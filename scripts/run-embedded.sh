@@ -9,11 +9,14 @@ HOST=${HOST:-127.0.0.1}
 PORT=${PORT:-8000}
 
 "$VENV/bin/python" manage.py migrate --noinput
+# The bundled SmolLM2 base model: converted and registered once, a no-op afterwards.
+"$VENV/bin/python" manage.py import_base_model --preset smollm2-135m-instruct
 DEMO=$("$VENV/bin/python" manage.py bootstrap_demo)
 echo "$DEMO"
 KEY=$(echo "$DEMO" | tail -n 1)
 
-"$VENV/bin/celery" -A platform_site worker -P solo --loglevel INFO &
+# -B: the same process runs Celery beat, which schedules the registry's periodic sweep.
+"$VENV/bin/celery" -A platform_site worker -B -P solo --loglevel INFO &
 WORKER=$!
 trap 'kill -TERM "$WORKER" 2>/dev/null || true; wait "$WORKER" 2>/dev/null || true' EXIT INT TERM
 

@@ -65,5 +65,5 @@ class ApiKeyAdmin(admin.ModelAdmin):
     @admin.action(description="Revoke selected API keys")
     def revoke(self, request, queryset):
         for api_key in queryset:
-            api_key_revoke(api_key=api_key)
+            api_key_revoke(api_key=api_key, actor=f"admin:{request.user.get_username()}")
         messages.success(request, f"Revoked {queryset.count()} key(s).")

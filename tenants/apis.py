@@ -83,6 +83,7 @@ class ApiKeyListCreateApi(APIView):
                 name=data.validated_data["name"],
                 scopes=data.validated_data["scopes"],
                 created_by=principal.user,
+                actor=principal.label,
                 expires_at=timezone.now() + timedelta(days=days) if days else None,
             )
         except DjangoValidationError as exc:
@@ -104,5 +105,7 @@ class ApiKeyDetailApi(APIView):
         responses=ApiKeyOutputSerializer, summary="Revoke an API key (effective at once)"
     )
     def delete(self, request, key_id):
-        api_key = api_key_get(tenant=principal_for_request(request).tenant, key_id=key_id)
-        return Response(ApiKeyOutputSerializer(api_key_revoke(api_key=api_key)).data)
+        principal = principal_for_request(request)
+        api_key = api_key_get(tenant=principal.tenant, key_id=key_id)
+        revoked = api_key_revoke(api_key=api_key, actor=principal.label)
+        return Response(ApiKeyOutputSerializer(revoked).data)

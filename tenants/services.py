@@ -7,6 +7,8 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
+from registry.audit import audit_record
+
 from . import keys
 from .models import ApiKey, Membership, Tenant
 from .scopes import OWNER, ROLE_CHOICES, parse_scopes
@@ -52,9 +54,32 @@ def user_get_or_create(*, email: str, password: str | None = None):
     return user
 
 
+def _actor(actor: str | None, user=None) -> str:
+    """How the audit trail names who acted: the principal's label, else the user, else "system"."""
+    if actor:
+        return actor
+    return f"user:{user.get_username()}" if user is not None else "system"
+
+
+def _key_snapshot(api_key: ApiKey) -> dict:
+    return {
+        "name": api_key.name,
+        "prefix": api_key.prefix,
+        "scopes": api_key.scopes,
+        "expires_at": api_key.expires_at,
+        "revoked_at": api_key.revoked_at,
+    }
+
+
 @transaction.atomic
 def api_key_create(
-    *, tenant: Tenant, name: str, scopes, created_by=None, expires_at: datetime | None = None
+    *,
+    tenant: Tenant,
+    name: str,
+    scopes,
+    created_by=None,
+    expires_at: datetime | None = None,
+    actor: str | None = None,
 ) -> tuple[ApiKey, str]:
     """Create a key and return it with its full text, which exists only in this return value."""
     if expires_at is not None and expires_at <= timezone.now():
@@ -75,14 +100,33 @@ def api_key_create(
     )
     api_key.full_clean()
     api_key.save()
+    audit_record(
+        tenant=tenant,
+        actor=_actor(actor, created_by),
+        verb="api_key.create",
+        object_type="api_key",
+        object_repr=f"{api_key.name} (lpx_{api_key.prefix})",
+        after=_key_snapshot(api_key),
+    )
     return api_key, new.full
 
 
-def api_key_revoke(*, api_key: ApiKey) -> ApiKey:
-    """Idempotent: revoking twice keeps the first revocation time."""
+@transaction.atomic
+def api_key_revoke(*, api_key: ApiKey, actor: str | None = None) -> ApiKey:
+    """Idempotent: revoking twice keeps the first revocation time (and one audit event)."""
     if api_key.revoked_at is None:
+        before = _key_snapshot(api_key)
         api_key.revoked_at = timezone.now()
         api_key.save(update_fields=["revoked_at"])
+        audit_record(
+            tenant=api_key.tenant,
+            actor=_actor(actor),
+            verb="api_key.revoke",
+            object_type="api_key",
+            object_repr=f"{api_key.name} (lpx_{api_key.prefix})",
+            before=before,
+            after=_key_snapshot(api_key),
+        )
     return api_key
 
 

@@ -156,7 +156,7 @@ def _decode_json(raw: bytes) -> dict:
     except UnicodeDecodeError as e:
         raise HeaderError(f"header is not valid UTF-8 (byte {e.start})") from e
     try:
-        doc = json.loads(text, object_pairs_hook=_no_duplicates)
+        doc = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
     except HeaderError:
         raise
     except RecursionError as e:
@@ -166,6 +166,11 @@ def _decode_json(raw: bytes) -> dict:
     if not isinstance(doc, dict):
         raise HeaderError(f"header JSON must be an object, not {type(doc).__name__}")
     return doc
+
+
+def _no_constant(name: str):
+    """Python's json takes NaN/Infinity; JSON (and the Rust safetensors loader) does not."""
+    raise HeaderError(f"header is not valid JSON: {name} is not a JSON value")
 
 
 def _no_duplicates(pairs: list[tuple[str, object]]) -> dict:

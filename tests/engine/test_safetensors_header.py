@@ -324,3 +324,11 @@ def test_arbitrary_bytes_give_a_header_or_header_error(data):
     for name, info in header.tensors.items():
         assert reference[name]["dtype"] == info.dtype
         assert tuple(reference[name]["shape"]) == info.shape
+
+
+@pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity"])
+def test_non_json_constants_in_the_header_are_refused(constant):
+    entry = '{"dtype": "F32", "shape": [1], "data_offsets": [0, CONST]}'.replace("CONST", constant)
+    body = ('{"__metadata__": {"x": "y"}, "t": ' + entry + "}").encode()
+    with pytest.raises(HeaderError, match=constant):
+        parse_header(struct.pack("<Q", len(body)) + body + b"\0" * 4)

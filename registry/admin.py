@@ -1,0 +1,159 @@
+"""Operators' admin for the registry. Every change goes through a service, so it is audited."""
+
+from django.contrib import admin, messages
+from django.utils.html import format_html, format_html_join
+
+from . import queue
+from .errors import RegistryError
+from .models import Adapter, AdapterVersion, Alias, AuditEvent, BaseModel
+from .names import PRODUCTION
+from .services.aliases import alias_set
+from .services.versions import adapter_version_revalidate
+
+
+def admin_actor(request) -> str:
+    return f"admin:{request.user.get_username()}"
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(BaseModel)
+class BaseModelAdmin(ReadOnlyAdmin):
+    list_display = ["name", "short_revision", "is_served", "local_path", "updated_at"]
+    list_filter = ["is_served"]
+    search_fields = ["name", "revision", "local_path"]
+    actions = ["recheck"]
+
+    @admin.display(description="revision")
+    def short_revision(self, obj):
+        return obj.revision[:12]
+
+    @admin.action(description="Re-check every adapter version against the current revision")
+    def recheck(self, request, queryset):
+        for base in queryset:
+            queue.send_on_commit(queue.RECHECK, base.pk)
+        messages.success(
+            request, f"Queued a compatibility re-check for {queryset.count()} model(s)."
+        )
+
+
+class AliasInline(admin.TabularInline):
+    model = Alias
+    extra = 0
+    fields = ["name", "version", "weight", "updated_by", "updated_at"]
+    readonly_fields = fields
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(Adapter)
+class AdapterAdmin(ReadOnlyAdmin):
+    list_display = ["name", "tenant", "base_model", "created_by", "created_at"]
+    list_filter = ["base_model", "tenant"]
+    search_fields = ["name", "tenant__slug", "description"]
+    inlines = [AliasInline]
+
+
+@admin.register(AdapterVersion)
+class AdapterVersionAdmin(ReadOnlyAdmin):
+    list_display = [
+        "__str__",
+        "status",
+        "compatible",
+        "rank",
+        "size",
+        "attempts",
+        "created_by",
+        "created_at",
+    ]
+    list_filter = [
+        "status",
+        "compatible",
+        "infra_failure",
+        "adapter__base_model",
+        "adapter__tenant",
+    ]
+    search_fields = ["adapter__name", "adapter__tenant__slug", "weights_sha256", "uid"]
+    readonly_fields = ["readable_report"]
+    exclude = ["report"]
+    actions = ["revalidate", "restage", "promote"]
+
+    @admin.display(description="validation report")
+    def readable_report(self, obj):
+        if not obj.report:
+            return "(no report yet)"
+        rows = format_html_join(
+            "",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            (
+                (
+                    "✔" if c.get("passed") else ("⚠" if c.get("level") == "warning" else "✘"),
+                    c.get("name"),
+                    c.get("level"),
+                    c.get("message"),
+                )
+                for c in obj.report
+            ),
+        )
+        return format_html(
+            "<table><tr><th></th><th>check</th><th>level</th><th>message</th></tr>{}</table>", rows
+        )
+
+    @admin.action(description="Re-validate selected versions (not ready ones)")
+    def revalidate(self, request, queryset):
+        done = 0
+        for version in queryset:
+            try:
+                adapter_version_revalidate(version=version, actor=admin_actor(request))
+                done += 1
+            except RegistryError as exc:
+                messages.warning(request, exc.message)
+        messages.success(request, f"Queued validation of {done} version(s).")
+
+    @admin.action(description="Re-stage selected ready versions into the adapter cache")
+    def restage(self, request, queryset):
+        ready = queryset.filter(status=AdapterVersion.READY)
+        for version in ready:
+            queue.send_on_commit(queue.STAGE, version.pk)
+        messages.success(request, f"Queued staging of {ready.count()} version(s).")
+
+    @admin.action(description="Move the 'production' alias to the selected version")
+    def promote(self, request, queryset):
+        for version in queryset.select_related("adapter"):
+            try:
+                alias_set(
+                    adapter=version.adapter,
+                    name=PRODUCTION,
+                    version_number=version.number,
+                    actor=admin_actor(request),
+                )
+                messages.success(
+                    request, f"{version.adapter.name}@{PRODUCTION} -> v{version.number}"
+                )
+            except RegistryError as exc:
+                messages.error(request, f"{version}: {exc.message}")
+
+
+@admin.register(Alias)
+class AliasAdmin(ReadOnlyAdmin):
+    list_display = ["adapter", "name", "version", "weight", "updated_by", "updated_at"]
+    list_filter = ["name", "adapter__tenant"]
+    search_fields = ["adapter__name", "name", "adapter__tenant__slug"]
+
+
+@admin.register(AuditEvent)
+class AuditEventAdmin(ReadOnlyAdmin):
+    list_display = ["created_at", "tenant", "actor", "verb", "object_repr"]
+    list_filter = ["verb", "object_type", "tenant"]
+    search_fields = ["actor", "verb", "object_repr", "tenant__slug"]
+    date_hierarchy = "created_at"
+
+    def has_delete_permission(self, request, obj=None):
+        return False

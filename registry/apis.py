@@ -1,0 +1,370 @@
+"""REST endpoints of the adapter registry. Thin: parse input, call one service or selector, render.
+
+Reads need `registry:read`, changes `registry:write`. Every tenant-owned object is found
+through a tenant-scoped selector, so another tenant's adapter is the same 404 as a missing one.
+"""
+
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.urls import reverse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_serializer
+from rest_framework import serializers, status
+from rest_framework.exceptions import ErrorDetail
+from rest_framework.parsers import JSONParser, MultiPartParser
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from platform_site.errors import ApiError
+from tenants.authentication import TenantScope
+from tenants.principal import principal_for_request
+from tenants.scopes import REGISTRY_READ, REGISTRY_WRITE
+
+from . import selectors
+from .errors import RegistryError
+from .services.adapters import adapter_create, adapter_delete, adapter_update
+from .services.aliases import alias_delete, alias_set
+from .services.versions import adapter_version_create
+from .uploads import CONFIG_FIELD, WEIGHTS_FIELD, LimitedUploadHandler, parse_s3_source, s3_import
+
+READ = {"GET": REGISTRY_READ, "HEAD": REGISTRY_READ, "OPTIONS": REGISTRY_READ}
+
+
+class RegistryApi(APIView):
+    permission_classes = [TenantScope]
+    required_scopes = READ | {"*": REGISTRY_WRITE}
+
+    @property
+    def principal(self):
+        return principal_for_request(self.request)
+
+    def handle_exception(self, exc):
+        if isinstance(exc, RegistryError):
+            if exc.param and exc.status_code == 400:
+                exc = serializers.ValidationError({exc.param: [ErrorDetail(exc.message, exc.code)]})
+            else:
+                exc = ApiError(exc.message, code=exc.code, status_code=exc.status_code)
+        elif isinstance(exc, DjangoValidationError):
+            detail = exc.message_dict if hasattr(exc, "error_dict") else exc.messages
+            exc = serializers.ValidationError(detail)
+        return super().handle_exception(exc)
+
+
+# ---------------------------------------------------------------- output shapes
+
+
+class BaseModelOutputSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    revision = serializers.CharField()
+    fingerprint = serializers.JSONField()
+    is_served = serializers.BooleanField()
+    created_at = serializers.DateTimeField()
+    updated_at = serializers.DateTimeField()
+
+
+class AdapterOutputSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    base_model = serializers.CharField(source="base_model.name")
+    description = serializers.CharField()
+    created_by = serializers.CharField()
+    created_at = serializers.DateTimeField()
+    updated_at = serializers.DateTimeField()
+
+
+class CheckSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    passed = serializers.BooleanField()
+    level = serializers.ChoiceField(choices=["error", "warning"])
+    message = serializers.CharField()
+
+
+class VersionOutputSerializer(serializers.Serializer):
+    adapter = serializers.CharField(source="adapter.name")
+    number = serializers.IntegerField()
+    status = serializers.CharField()
+    status_detail = serializers.CharField()
+    url = serializers.SerializerMethodField()
+    source = serializers.CharField()
+    config_sha256 = serializers.CharField()
+    weights_sha256 = serializers.CharField()
+    config_size = serializers.IntegerField()
+    weights_size = serializers.IntegerField()
+    rank = serializers.IntegerField(allow_null=True)
+    alpha = serializers.FloatField(allow_null=True)
+    target_modules = serializers.ListField(child=serializers.CharField())
+    report = CheckSerializer(many=True)
+    compatible = serializers.BooleanField(allow_null=True)
+    checked_revision = serializers.CharField()
+    compatibility_detail = serializers.CharField()
+    attempts = serializers.IntegerField()
+    created_by = serializers.CharField()
+    created_at = serializers.DateTimeField()
+    validated_at = serializers.DateTimeField(allow_null=True)
+
+    def get_url(self, version) -> str:
+        path = reverse(
+            "registry-version-detail",
+            kwargs={"name": version.adapter.name, "number": version.number},
+        )
+        request = self.context.get("request")
+        return request.build_absolute_uri(path) if request else path
+
+
+class AliasOutputSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    version = serializers.IntegerField(source="version.number")
+    weight = serializers.IntegerField(allow_null=True)
+    updated_by = serializers.CharField()
+    updated_at = serializers.DateTimeField()
+
+
+class AuditEventOutputSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    created_at = serializers.DateTimeField()
+    actor = serializers.CharField()
+    verb = serializers.CharField()
+    object_type = serializers.CharField()
+    object = serializers.CharField(source="object_repr")
+    before = serializers.JSONField(allow_null=True)
+    after = serializers.JSONField(allow_null=True)
+
+
+# ---------------------------------------------------------------- base models
+
+
+class BaseModelListApi(RegistryApi):
+    required_scopes = READ
+
+    @extend_schema(responses=BaseModelOutputSerializer(many=True), summary="Base models")
+    def get(self, request):
+        return Response(BaseModelOutputSerializer(selectors.base_model_list(), many=True).data)
+
+
+# ---------------------------------------------------------------- adapters
+
+
+class AdapterListCreateApi(RegistryApi):
+    @extend_schema_serializer(component_name="AdapterCreateInput")
+    class InputSerializer(serializers.Serializer):
+        name = serializers.CharField(max_length=63, trim_whitespace=False)
+        base_model = serializers.CharField(
+            required=False, help_text="a base model's name; default: the served one"
+        )
+        description = serializers.CharField(max_length=2000, required=False, allow_blank=True)
+
+    @extend_schema(responses=AdapterOutputSerializer(many=True), summary="The tenant's adapters")
+    def get(self, request):
+        adapters = selectors.adapter_list(tenant=self.principal.tenant)
+        return Response(AdapterOutputSerializer(adapters, many=True).data)
+
+    @extend_schema(
+        request=InputSerializer,
+        responses={201: AdapterOutputSerializer},
+        summary="Create an adapter",
+    )
+    def post(self, request):
+        data = self.InputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        adapter = adapter_create(
+            tenant=self.principal.tenant,
+            name=data.validated_data["name"],
+            base_model_name=data.validated_data.get("base_model"),
+            description=data.validated_data.get("description", ""),
+            actor=self.principal.label,
+        )
+        return Response(AdapterOutputSerializer(adapter).data, status=status.HTTP_201_CREATED)
+
+
+class AdapterDetailApi(RegistryApi):
+    @extend_schema_serializer(component_name="AdapterUpdateInput")
+    class UpdateSerializer(serializers.Serializer):
+        description = serializers.CharField(max_length=2000, allow_blank=True)
+
+    @extend_schema(responses=AdapterOutputSerializer, summary="One adapter")
+    def get(self, request, name):
+        adapter = selectors.adapter_get(tenant=self.principal.tenant, name=name)
+        return Response(AdapterOutputSerializer(adapter).data)
+
+    @extend_schema(
+        request=UpdateSerializer, responses=AdapterOutputSerializer, summary="Edit the description"
+    )
+    def patch(self, request, name):
+        adapter = selectors.adapter_get(tenant=self.principal.tenant, name=name)
+        data = self.UpdateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        adapter = adapter_update(
+            adapter=adapter,
+            description=data.validated_data["description"],
+            actor=self.principal.label,
+        )
+        return Response(AdapterOutputSerializer(adapter).data)
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter(
+                "force", OpenApiTypes.BOOL, description="delete even while aliases point at it"
+            )
+        ],
+        responses={204: None},
+        summary="Delete an adapter, its versions and their files",
+    )
+    def delete(self, request, name):
+        adapter = selectors.adapter_get(tenant=self.principal.tenant, name=name)
+        force = request.query_params.get("force", "").lower() in ("1", "true", "yes")
+        adapter_delete(adapter=adapter, actor=self.principal.label, force=force)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+# ---------------------------------------------------------------- versions
+
+
+class VersionListCreateApi(RegistryApi):
+    parser_classes = [MultiPartParser, JSONParser]
+
+    @extend_schema_serializer(component_name="VersionUploadInput")
+    class UploadSerializer(serializers.Serializer):
+        config = serializers.FileField(help_text="adapter_config.json")
+        weights = serializers.FileField(help_text="adapter_model.safetensors")
+
+    @extend_schema_serializer(component_name="VersionImportInput")
+    class ImportSerializer(serializers.Serializer):
+        source = serializers.CharField(
+            max_length=1024, help_text="s3://bucket/prefix/ holding the two PEFT files"
+        )
+
+    def initialize_request(self, request, *args, **kwargs):
+        # Before anything reads the body (a session's CSRF check may): spill to disk, count bytes.
+        if request.method == "POST":
+            request.upload_handlers = [LimitedUploadHandler(request)]
+        return super().initialize_request(request, *args, **kwargs)
+
+    @extend_schema(responses=VersionOutputSerializer(many=True), summary="An adapter's versions")
+    def get(self, request, name):
+        adapter = selectors.adapter_get(tenant=self.principal.tenant, name=name)
+        versions = selectors.adapter_version_list(tenant=adapter.tenant, adapter_name=adapter.name)
+        context = {"request": request}
+        return Response(VersionOutputSerializer(versions, many=True, context=context).data)
+
+    @extend_schema(
+        request={"multipart/form-data": UploadSerializer, "application/json": ImportSerializer},
+        responses={202: VersionOutputSerializer, 200: VersionOutputSerializer},
+        summary="Upload a version (multipart) or import one from S3 (JSON)",
+        description=(
+            "Answers 202 with the new pending version and the URL to poll; identical bytes "
+            "answer 200 with the existing version. Validation runs in the background."
+        ),
+    )
+    def post(self, request, name):
+        adapter = selectors.adapter_get(tenant=self.principal.tenant, name=name)
+        actor = self.principal.label
+        if request.content_type.startswith("multipart/"):
+            data = self.UploadSerializer(data=request.data)
+            data.is_valid(raise_exception=True)
+            version, created = adapter_version_create(
+                adapter=adapter,
+                config=data.validated_data[CONFIG_FIELD],
+                weights=data.validated_data[WEIGHTS_FIELD],
+                actor=actor,
+            )
+        else:
+            data = self.ImportSerializer(data=request.data)
+            data.is_valid(raise_exception=True)
+            source = parse_s3_source(data.validated_data["source"])
+            with s3_import(source) as (config, weights):
+                version, created = adapter_version_create(
+                    adapter=adapter, config=config, weights=weights, actor=actor, source=str(source)
+                )
+        body = VersionOutputSerializer(version, context={"request": request}).data
+        code = status.HTTP_202_ACCEPTED if created else status.HTTP_200_OK
+        return Response(body, status=code, headers={"Location": body["url"]})
+
+
+class VersionDetailApi(RegistryApi):
+    required_scopes = READ
+
+    @extend_schema(responses=VersionOutputSerializer, summary="One version: status and report")
+    def get(self, request, name, number):
+        version = selectors.adapter_version_get(
+            tenant=self.principal.tenant, adapter_name=name, number=number
+        )
+        return Response(VersionOutputSerializer(version, context={"request": request}).data)
+
+
+# ---------------------------------------------------------------- aliases
+
+
+class AliasListApi(RegistryApi):
+    required_scopes = READ
+
+    @extend_schema(responses=AliasOutputSerializer(many=True), summary="An adapter's aliases")
+    def get(self, request, name):
+        adapter = selectors.adapter_get(tenant=self.principal.tenant, name=name)
+        aliases = selectors.alias_list(tenant=adapter.tenant, adapter_name=adapter.name)
+        return Response(AliasOutputSerializer(aliases, many=True).data)
+
+
+class AliasDetailApi(RegistryApi):
+    @extend_schema_serializer(component_name="AliasSetInput")
+    class InputSerializer(serializers.Serializer):
+        version = serializers.IntegerField(min_value=1)
+        weight = serializers.IntegerField(
+            min_value=0,
+            max_value=100,
+            required=False,
+            allow_null=True,
+            help_text="canary only: percent of requests for the bare adapter name",
+        )
+
+    @extend_schema(responses=AliasOutputSerializer, summary="One alias")
+    def get(self, request, name, alias):
+        found = selectors.alias_get(tenant=self.principal.tenant, adapter_name=name, name=alias)
+        return Response(AliasOutputSerializer(found).data)
+
+    @extend_schema(
+        request=InputSerializer,
+        responses={200: AliasOutputSerializer, 201: AliasOutputSerializer},
+        summary="Point an alias at a ready version (rollout, canary, rollback)",
+    )
+    def put(self, request, name, alias):
+        adapter = selectors.adapter_get(tenant=self.principal.tenant, name=name)
+        data = self.InputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        moved, created = alias_set(
+            adapter=adapter,
+            name=alias,
+            version_number=data.validated_data["version"],
+            weight=data.validated_data.get("weight"),
+            actor=self.principal.label,
+        )
+        code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
+        return Response(AliasOutputSerializer(moved).data, status=code)
+
+    @extend_schema(responses={204: None}, summary="Remove an alias")
+    def delete(self, request, name, alias):
+        found = selectors.alias_get(tenant=self.principal.tenant, adapter_name=name, name=alias)
+        alias_delete(alias=found, actor=self.principal.label)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+# ---------------------------------------------------------------- audit
+
+
+class AuditListApi(RegistryApi):
+    required_scopes = READ
+
+    @extend_schema_serializer(component_name="AuditFilter")
+    class FilterSerializer(serializers.Serializer):
+        verb = serializers.CharField(required=False, max_length=64)
+        limit = serializers.IntegerField(required=False, min_value=1, max_value=1000, default=100)
+
+    @extend_schema(
+        parameters=[FilterSerializer],
+        responses=AuditEventOutputSerializer(many=True),
+        summary="The tenant's audit trail, newest first",
+    )
+    def get(self, request):
+        query = self.FilterSerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        events = selectors.audit_event_list(
+            tenant=self.principal.tenant, verb=query.validated_data.get("verb")
+        )[: query.validated_data["limit"]]
+        return Response(AuditEventOutputSerializer(events, many=True).data)

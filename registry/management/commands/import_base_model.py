@@ -1,0 +1,56 @@
+from pathlib import Path
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError
+
+from inference.engine.convert import PRESETS, ensure_converted
+from inference.engine.errors import EngineError
+from registry.errors import RegistryError
+from registry.names import base_model_name_validator
+from registry.services.base_models import base_model_import
+
+
+class Command(BaseCommand):
+    help = (
+        "Import a base model: a bundled preset (converted into $LORAPLEX_MODELS_DIR/<name>) or a "
+        "Hugging Face folder. A new revision of a known model queues a compatibility re-check of "
+        "every adapter version on it."
+    )
+
+    def add_arguments(self, parser):
+        source = parser.add_mutually_exclusive_group(required=True)
+        source.add_argument("--preset", choices=sorted(PRESETS))
+        source.add_argument("--hf-dir", type=Path, help="a Hugging Face model folder")
+        parser.add_argument("--name", help="required with --hf-dir; default: the preset's name")
+        serve = parser.add_mutually_exclusive_group()
+        serve.add_argument("--serve", dest="serve", action="store_true", default=None)
+        serve.add_argument("--no-serve", dest="serve", action="store_false")
+
+    def handle(self, preset, hf_dir, name, serve, **options):
+        name = name or preset
+        if name is None:
+            raise CommandError("--name is required with --hf-dir")
+        try:
+            base_model_name_validator(name)
+        except Exception as exc:
+            raise CommandError(
+                f"--name: {' '.join(getattr(exc, 'messages', [str(exc)]))}"
+            ) from None
+        if preset:
+            try:
+                folder = ensure_converted(preset, settings.MODELS_DIR / name)
+            except EngineError as exc:
+                raise CommandError(str(exc)) from None
+        else:
+            folder = hf_dir
+            if not folder.is_dir():
+                raise CommandError(f"--hf-dir {folder} is not a folder")
+        try:
+            row, changed = base_model_import(name=name, path=folder, serve=serve)
+        except RegistryError as exc:
+            raise CommandError(exc.message) from None
+        state = "new revision; compatibility re-check queued" if changed else "imported"
+        served = "served" if row.is_served else "not served"
+        self.stdout.write(
+            f"{row.name} revision {row.revision[:12]} at {row.local_path}: {state}, {served}"
+        )

@@ -1,0 +1,156 @@
+"""Reads. Tenant isolation lives here, once per model: every tenant-owned query starts from a
+`*_list(*, tenant)` selector, and another tenant's object is a 404 identical to a missing one.
+
+The serving layer calls `base_model_served`, `adapter_version_resolve` and
+`registry.staging.ensure_staged`.
+"""
+
+from __future__ import annotations
+
+import random
+
+from django.db.models import QuerySet
+from django.http import Http404
+
+from .errors import NotServable
+from .models import Adapter, AdapterVersion, Alias, AuditEvent, BaseModel
+from .names import CANARY, LATEST, PRODUCTION, version_number_of_alias
+
+# ---------------------------------------------------------------- base models (not tenant-owned)
+
+
+def base_model_list() -> QuerySet[BaseModel]:
+    return BaseModel.objects.all()
+
+
+def base_model_get(*, name: str) -> BaseModel:
+    try:
+        return BaseModel.objects.get(name=name)
+    except BaseModel.DoesNotExist:
+        raise Http404("No such base model.") from None
+
+
+def base_model_served() -> BaseModel | None:
+    """The base model this deployment keeps resident (local_path, fingerprint, revision)."""
+    return BaseModel.objects.filter(is_served=True).first()
+
+
+# ---------------------------------------------------------------- tenant-owned
+
+
+def adapter_list(*, tenant) -> QuerySet[Adapter]:
+    return Adapter.objects.filter(tenant=tenant).select_related("base_model", "tenant")
+
+
+def adapter_get(*, tenant, name: str) -> Adapter:
+    try:
+        return adapter_list(tenant=tenant).get(name=name)
+    except Adapter.DoesNotExist:
+        raise Http404("No such adapter.") from None
+
+
+def adapter_version_list(*, tenant, adapter_name: str | None = None) -> QuerySet[AdapterVersion]:
+    versions = AdapterVersion.objects.filter(adapter__tenant=tenant).select_related(
+        "adapter__base_model", "adapter__tenant"
+    )
+    if adapter_name is not None:
+        versions = versions.filter(adapter__name=adapter_name)
+    return versions.order_by("adapter__name", "-number")
+
+
+def adapter_version_get(*, tenant, adapter_name: str, number) -> AdapterVersion:
+    try:
+        return adapter_version_list(tenant=tenant, adapter_name=adapter_name).get(
+            number=int(number)
+        )
+    except (AdapterVersion.DoesNotExist, ValueError, TypeError):
+        raise Http404("No such adapter version.") from None
+
+
+def alias_list(*, tenant, adapter_name: str | None = None) -> QuerySet[Alias]:
+    aliases = Alias.objects.filter(adapter__tenant=tenant).select_related(
+        "version", "adapter__tenant", "adapter__base_model"
+    )
+    if adapter_name is not None:
+        aliases = aliases.filter(adapter__name=adapter_name)
+    return aliases.order_by("adapter__name", "name")
+
+
+def alias_get(*, tenant, adapter_name: str, name: str) -> Alias:
+    try:
+        return alias_list(tenant=tenant, adapter_name=adapter_name).get(name=name)
+    except Alias.DoesNotExist:
+        raise Http404("No such alias.") from None
+
+
+def audit_event_list(*, tenant, verb: str | None = None) -> QuerySet[AuditEvent]:
+    events = AuditEvent.objects.filter(tenant=tenant)
+    if verb:
+        events = events.filter(verb=verb)
+    return events
+
+
+# ---------------------------------------------------------------- serving
+
+
+def _latest_servable(adapter: Adapter, base: BaseModel) -> AdapterVersion:
+    for version in adapter_version_list(tenant=adapter.tenant, adapter_name=adapter.name).filter(
+        status=AdapterVersion.READY, compatible=True, checked_revision=base.revision
+    )[:1]:
+        return version
+    raise NotServable(f"adapter '{adapter.name}' has no ready version for {base.name} yet")
+
+
+def _why_not(version: AdapterVersion, base: BaseModel) -> str:
+    if version.status != AdapterVersion.READY:
+        return f"{version.label} is {version.status}"
+    if version.checked_revision != base.revision:
+        return f"{version.label} has not been checked against {base.name}'s current revision"
+    return f"{version.label} does not fit {base.name}: {version.compatibility_detail}"
+
+
+def adapter_version_resolve(
+    *,
+    tenant,
+    adapter_name: str,
+    alias: str | None = None,
+    number: int | None = None,
+    roll: float | None = None,
+) -> AdapterVersion:
+    """The version a request for `<adapter>`, `<adapter>@<alias>` or `<adapter>:<n>` runs.
+
+    The bare name follows `production` (or, without one, the newest ready version), and a
+    `canary` alias with weight w takes w% of those requests (`roll` in [0, 1) decides; random
+    by default). Unknown or foreign names raise Http404; a version that exists but may not
+    be served (not ready, or not checked compatible with the served base revision) raises
+    NotServable saying why. Never returns a version the served base model cannot run.
+    """
+    adapter = adapter_get(tenant=tenant, name=adapter_name)
+    base = adapter.base_model
+    if not base.is_served:
+        raise NotServable(
+            f"adapter '{adapter.name}' is for base model {base.name}, not served here"
+        )
+    if alias is not None and version_number_of_alias(alias) is not None:
+        alias, number = None, version_number_of_alias(alias)
+    if number is not None:
+        version = adapter_version_get(tenant=tenant, adapter_name=adapter_name, number=number)
+    elif alias == LATEST:
+        version = _latest_servable(adapter, base)
+    elif alias is not None:
+        version = alias_get(tenant=tenant, adapter_name=adapter_name, name=alias).version
+    else:
+        aliases = {a.name: a for a in alias_list(tenant=tenant, adapter_name=adapter_name)}
+        production, canary = aliases.get(PRODUCTION), aliases.get(CANARY)
+        roll = random.random() if roll is None else roll
+        if (
+            canary
+            and canary.weight
+            and roll * 100 < canary.weight
+            and canary.version.servable_on(base)
+        ):
+            return canary.version
+        version = production.version if production else _latest_servable(adapter, base)
+    if not version.servable_on(base):
+        raise NotServable(_why_not(version, base))
+    return version

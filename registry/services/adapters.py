@@ -1,0 +1,134 @@
+"""Adapters: a tenant's named slot for versions of one fine-tune of one base model."""
+
+from __future__ import annotations
+
+from django.core.exceptions import ValidationError
+from django.db import transaction
+
+from .. import objectstore, staging
+from ..audit import audit_record
+from ..errors import Conflict, RegistryError
+from ..models import Adapter, BaseModel
+from ..names import adapter_name_validator
+
+
+def _snapshot(adapter: Adapter) -> dict:
+    return {
+        "name": adapter.name,
+        "base_model": adapter.base_model.name,
+        "description": adapter.description,
+    }
+
+
+def _base_model(name: str | None) -> BaseModel:
+    if name is None:
+        served = BaseModel.objects.filter(is_served=True).first()
+        if served is None:
+            raise RegistryError(
+                "no base model is served yet; an operator must run `manage.py import_base_model`",
+                code="no_base_model",
+            )
+        return served
+    found = BaseModel.objects.filter(name=name).first()
+    if found is None:
+        known = ", ".join(BaseModel.objects.values_list("name", flat=True)) or "none"
+        raise RegistryError(
+            f"no base model named {name!r}; known: {known}",
+            code="unknown_base_model",
+            param="base_model",
+        )
+    return found
+
+
+@transaction.atomic
+def adapter_create(
+    *, tenant, name: str, actor: str, base_model_name: str | None = None, description: str = ""
+) -> Adapter:
+    """A new adapter on the named base model (default: the one this deployment serves)."""
+    try:
+        adapter_name_validator(name)
+    except ValidationError as exc:
+        raise RegistryError(exc.messages[0], code="invalid_name", param="name") from None
+    base_model = _base_model(base_model_name)
+    if BaseModel.objects.filter(name=name).exists():
+        raise RegistryError(
+            f"'{name}' is a base model's name; an adapter may not shadow it in model strings",
+            code="name_taken",
+            param="name",
+        )
+    if Adapter.objects.filter(tenant=tenant, name=name).exists():
+        raise Conflict(f"an adapter named '{name}' already exists", code="adapter_exists")
+    adapter = Adapter(
+        tenant=tenant, name=name, base_model=base_model, description=description, created_by=actor
+    )
+    adapter.full_clean()
+    adapter.save()
+    audit_record(
+        tenant=tenant,
+        actor=actor,
+        verb="adapter.create",
+        object_type="adapter",
+        object_repr=name,
+        after=_snapshot(adapter),
+    )
+    return adapter
+
+
+@transaction.atomic
+def adapter_update(*, adapter: Adapter, actor: str, description: str) -> Adapter:
+    """Only the description changes; the name and base model are what versions were built on."""
+    before = _snapshot(adapter)
+    adapter.description = description
+    adapter.full_clean()
+    adapter.save(update_fields=["description", "updated_at"])
+    audit_record(
+        tenant=adapter.tenant,
+        actor=actor,
+        verb="adapter.update",
+        object_type="adapter",
+        object_repr=adapter.name,
+        before=before,
+        after=_snapshot(adapter),
+    )
+    return adapter
+
+
+@transaction.atomic
+def adapter_delete(*, adapter: Adapter, actor: str, force: bool = False) -> None:
+    """Delete an adapter, its versions and their stored objects.
+
+    Refused while an alias points at one of its versions (traffic may be flowing), unless
+    forced. Objects go after the commit, so a failed delete never loses bytes a row needs.
+    """
+    adapter = Adapter.objects.select_for_update().get(pk=adapter.pk)
+    aliases = list(adapter.aliases.select_related("version"))
+    if aliases and not force:
+        named = ", ".join(f"{a.name} -> v{a.version.number}" for a in aliases)
+        raise Conflict(
+            f"adapter '{adapter.name}' is in use by aliases {named}; delete those aliases "
+            "first, or delete with force=true",
+            code="adapter_in_use",
+        )
+    versions = list(adapter.versions.all())
+    keys = [k for v in versions for k in (v.config_key, v.weights_key)]
+    audit_record(
+        tenant=adapter.tenant,
+        actor=actor,
+        verb="adapter.delete",
+        object_type="adapter",
+        object_repr=adapter.name,
+        before=_snapshot(adapter)
+        | {
+            "versions": [v.number for v in versions],
+            "aliases": {a.name: a.version.number for a in aliases},
+        },
+    )
+    adapter.aliases.all().delete()
+    adapter.delete()
+
+    def cleanup():
+        objectstore.delete_quietly(keys)
+        for version in versions:
+            staging.unstage(version)
+
+    transaction.on_commit(cleanup)

@@ -1,0 +1,183 @@
+"""Base models: import a Hugging Face folder, and re-check adapters when its revision changes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import tempfile
+from pathlib import Path
+
+from django.conf import settings
+from django.db import transaction
+
+from inference.engine.peft_rules import (
+    CONFIG_FILE,
+    WEIGHTS_FILE,
+    ArchFingerprint,
+    Check,
+    FingerprintError,
+    fingerprint_from_config,
+)
+from inference.engine.safetensors_header import HeaderError, parse_header
+
+from .. import queue
+from ..audit import SYSTEM_COMPATIBILITY, audit_record
+from ..errors import ObjectMissing, RegistryError
+from ..models import AdapterVersion, BaseModel
+from ..staging import download_version, version_dir
+from ..uploads import MAX_CONFIG_BYTES
+from ..validation import validate_adapter_files
+
+log = logging.getLogger(__name__)
+_CHUNK = 4 * 1024 * 1024
+
+
+def model_revision(folder: Path) -> str:
+    """sha256 over config.json and every weight's name, dtype, shape and bytes.
+
+    Tensors are hashed in name order, so re-sharding or reordering the same weights keeps
+    the revision; changing one byte of one weight changes it.
+    """
+    folder = Path(folder)
+    sha = hashlib.sha256()
+    config = json.loads((folder / "config.json").read_text())
+    sha.update(json.dumps(config, sort_keys=True, separators=(",", ":")).encode())
+    tensors = []
+    for file in sorted(folder.glob("*.safetensors")):
+        header = parse_header(file)
+        tensors += [(name, info, file, header.data_start) for name, info in header.tensors.items()]
+    for name, info, file, data_start in sorted(tensors, key=lambda t: t[0]):
+        sha.update(json.dumps([name, info.dtype, list(info.shape)]).encode())
+        with open(file, "rb") as f:
+            f.seek(data_start + info.begin)
+            left = info.nbytes
+            while left:
+                chunk = f.read(min(_CHUNK, left))
+                if not chunk:
+                    raise HeaderError(f"{file.name} ends inside tensor {name!r}")
+                sha.update(chunk)
+                left -= len(chunk)
+    return sha.hexdigest()
+
+
+def read_model_folder(folder: Path) -> tuple[ArchFingerprint, str]:
+    """(fingerprint, revision) of a Hugging Face Llama-family folder, or RegistryError why not."""
+    folder = Path(folder)
+    if not (folder / "config.json").is_file():
+        raise RegistryError(f"{folder} has no config.json; is it a Hugging Face model folder?")
+    if not any(folder.glob("*.safetensors")):
+        raise RegistryError(
+            f"{folder} has no .safetensors weights (pickled .bin weights are not accepted)"
+        )
+    try:
+        fingerprint = fingerprint_from_config(json.loads((folder / "config.json").read_text()))
+        return fingerprint, model_revision(folder)
+    except (FingerprintError, HeaderError, ValueError) as exc:
+        raise RegistryError(f"{folder}: {exc}") from exc
+
+
+@transaction.atomic
+def base_model_import(
+    *, name: str, path: Path, serve: bool | None = None
+) -> tuple[BaseModel, bool]:
+    """Record (or update) a base model; returns (row, revision_changed).
+
+    A changed revision makes every adapter on it unservable until the compatibility
+    re-check, queued here, has checked it against the new weights. `serve=None` serves the
+    model when nothing else is served yet.
+    """
+    path = Path(path).resolve()
+    fingerprint, revision = read_model_folder(path)
+    row = BaseModel.objects.select_for_update().filter(name=name).first()
+    changed = row is not None and row.revision != revision
+    if row is None:
+        row = BaseModel(name=name)
+    row.revision, row.fingerprint, row.local_path = revision, fingerprint.to_dict(), str(path)
+    if serve is None:
+        serve = row.is_served or not BaseModel.objects.filter(is_served=True).exists()
+    if serve:
+        BaseModel.objects.filter(is_served=True).exclude(pk=row.pk).update(is_served=False)
+    row.is_served = serve
+    row.full_clean()
+    row.save()
+    if changed:
+        queue.send_on_commit(queue.RECHECK, row.pk)
+    return row, changed
+
+
+def _snapshot(version: AdapterVersion) -> dict:
+    return {
+        "revision": version.checked_revision,
+        "compatible": version.compatible,
+        "detail": version.compatibility_detail,
+    }
+
+
+def version_recheck(*, version: AdapterVersion, base_model: BaseModel) -> AdapterVersion:
+    """Check one ready version's files against the base model's current fingerprint.
+
+    Reads the staged copy when this host has one, else the object (StorageUnavailable
+    propagates for the task to retry). Values were checked at validation; shapes are what
+    a new base can break, so only the header is read here.
+    """
+    if version.checked_revision == base_model.revision:
+        return version
+    with tempfile.TemporaryDirectory(prefix="loraplex-recheck-") as tmp:
+        folder = version_dir(version)
+        prior = []
+        if not (folder / WEIGHTS_FILE).is_file():
+            folder = Path(tmp)
+            try:
+                prior = [download_version(version, folder)]
+            except ObjectMissing as exc:
+                prior = [Check("sha256", False, exc.message)]
+        result = validate_adapter_files(
+            folder / CONFIG_FILE,
+            folder / WEIGHTS_FILE,
+            fingerprint=ArchFingerprint.from_dict(base_model.fingerprint),
+            max_lora_rank=settings.MAX_LORA_RANK,
+            max_config_bytes=MAX_CONFIG_BYTES,
+            max_weights_bytes=settings.MAX_ADAPTER_BYTES,
+            base_model_name=base_model.name,
+            check_values=False,
+            prior_checks=prior,
+        )
+    with transaction.atomic():
+        version = (
+            AdapterVersion.objects.select_for_update()
+            .select_related("adapter__tenant")
+            .get(pk=version.pk)
+        )
+        before = _snapshot(version)
+        version.checked_revision = base_model.revision
+        version.compatible = result.ok
+        version.compatibility_detail = (
+            f"fits revision {base_model.revision[:12]}" if result.ok else result.summary()
+        )
+        version.save(update_fields=["checked_revision", "compatible", "compatibility_detail"])
+        audit_record(
+            tenant=version.adapter.tenant,
+            actor=SYSTEM_COMPATIBILITY,
+            verb="version.compatible" if result.ok else "version.incompatible",
+            object_type="adapter_version",
+            object_repr=version.label,
+            before=before,
+            after=_snapshot(version) | {"base_model": base_model.name},
+        )
+    return version
+
+
+def base_model_recheck(*, base_model_id: int) -> dict[str, int]:
+    """Re-check every ready version on this base model against its current revision."""
+    base_model = BaseModel.objects.get(pk=base_model_id)
+    versions = (
+        AdapterVersion.objects.filter(adapter__base_model=base_model, status=AdapterVersion.READY)
+        .exclude(checked_revision=base_model.revision)
+        .select_related("adapter__tenant")
+    )
+    counts = {"compatible": 0, "incompatible": 0}
+    for version in versions:
+        version = version_recheck(version=version, base_model=base_model)
+        counts["compatible" if version.compatible else "incompatible"] += 1
+    return counts

@@ -1,0 +1,241 @@
+"""Registry fixtures: a tiny real base model, real PEFT adapters, local or S3 (moto) storage.
+
+Every test gets its own object store and adapter cache under tmp_path. Tests that need the
+real Celery worker use `s3_worker`: it points this process and the worker (through the
+environment it inherits) at one bucket on an in-process moto S3 server.
+"""
+
+import json
+import os
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from registry.services.adapters import adapter_create
+from registry.services.base_models import base_model_import
+from tests.peft_adapters import make_peft_adapter
+from tests.tiny_llama import make_tiny_llama
+
+BASE_NAME = "tiny-llama"
+ALICE_ACTOR = "user:alice@example.com"
+
+
+# ---------------------------------------------------------------- models and adapters (session)
+
+
+@pytest.fixture(scope="session")
+def tiny_base_dir(tmp_path_factory) -> Path:
+    """2 layers, hidden 64, 4 heads, 2 KV heads: the base every registry test serves."""
+    return make_tiny_llama(tmp_path_factory.mktemp("tiny-base"))
+
+
+@pytest.fixture(scope="session")
+def good_adapter_dir(tiny_base_dir, tmp_path_factory) -> Path:
+    return make_peft_adapter(
+        tiny_base_dir, tmp_path_factory.mktemp("good"), rank=4, alpha=8, base_model_name=BASE_NAME
+    )
+
+
+@pytest.fixture(scope="session")
+def second_adapter_dir(tiny_base_dir, tmp_path_factory) -> Path:
+    """Different bytes for the same base: a second version."""
+    return make_peft_adapter(
+        tiny_base_dir,
+        tmp_path_factory.mktemp("second"),
+        rank=8,
+        alpha=16,
+        targets=("q_proj", "k_proj", "v_proj", "o_proj"),
+        seed=1,
+        base_model_name=BASE_NAME,
+    )
+
+
+# ---------------------------------------------------------------- storage
+
+
+@pytest.fixture(autouse=True)
+def registry_settings(settings, tmp_path):
+    """A private local object store and adapter cache per test, and a fast password hasher."""
+    settings.STORAGES = {
+        **settings.STORAGES,
+        "default": {
+            "BACKEND": "django.core.files.storage.FileSystemStorage",
+            "OPTIONS": {"location": str(tmp_path / "objects")},
+        },
+    }
+    settings.ADAPTER_CACHE_DIR = tmp_path / "adapter-cache"
+    settings.MAX_LORA_RANK = 64
+    # alice, bob and charlie get passwords; a slow hasher would dominate these tests.
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+    return settings
+
+
+def stored_objects() -> list[str]:
+    """Every key in the default storage, local folder or bucket."""
+    from django.core.files.storage import storages
+
+    backend = storages["default"]
+    if hasattr(backend, "bucket"):
+        return sorted(obj.key for obj in backend.bucket.objects.all())
+    root = Path(backend.location)
+    if not root.exists():
+        return []
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+
+
+@dataclass
+class S3:
+    endpoint: str
+    bucket: str
+    client: object
+
+    def create_bucket(self, name: str) -> str:
+        self.client.create_bucket(Bucket=name)
+        return name
+
+    def put_folder(self, bucket: str, prefix: str, folder: Path, files=None) -> None:
+        for name in files or ("adapter_config.json", "adapter_model.safetensors"):
+            self.client.put_object(
+                Bucket=bucket, Key=prefix + name, Body=(folder / name).read_bytes()
+            )
+
+
+@pytest.fixture(scope="session")
+def moto_endpoint():
+    import logging
+
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per S3 request otherwise
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def s3(moto_endpoint, settings, monkeypatch, tmp_path) -> S3:
+    """A fresh bucket on the moto server as the default storage, here and in any worker."""
+    import boto3
+
+    bucket = f"loraplex-{uuid.uuid4().hex[:12]}"
+    env = {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_S3_ENDPOINT_URL": moto_endpoint,
+        "LORAPLEX_S3_BUCKET": bucket,
+        "LORAPLEX_ADAPTER_CACHE_DIR": str(tmp_path / "adapter-cache"),
+    }
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    client = boto3.client("s3", endpoint_url=moto_endpoint, region_name="us-east-1")
+    client.create_bucket(Bucket=bucket)
+    settings.STORAGES = {
+        **settings.STORAGES,
+        "default": {
+            "BACKEND": "storages.backends.s3.S3Storage",
+            "OPTIONS": {
+                "bucket_name": bucket,
+                "endpoint_url": moto_endpoint,
+                "region_name": "us-east-1",
+                "addressing_style": "path",
+                "file_overwrite": False,
+                "default_acl": None,
+            },
+        },
+    }
+    settings.S3_BUCKET = bucket
+    settings.S3_IMPORT_ENDPOINT_URL = moto_endpoint
+    return S3(endpoint=moto_endpoint, bucket=bucket, client=client)
+
+
+@pytest.fixture
+def s3_worker(s3, live_worker):
+    """The real Celery worker, started after `s3` so it inherits the bucket's environment."""
+    return live_worker
+
+
+# ---------------------------------------------------------------- registry rows
+
+
+@pytest.fixture
+def base_model(db, tiny_base_dir):
+    return base_model_import(name=BASE_NAME, path=tiny_base_dir, serve=True)[0]
+
+
+@pytest.fixture
+def adapter(tenant_a, base_model):
+    return adapter_create(tenant=tenant_a, name="support-bot", actor=ALICE_ACTOR)
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def files_of(folder: Path, **replace) -> dict:
+    """Multipart body for an upload: {"config": file, "weights": file}, bytes overridable."""
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    config = replace.get("config")
+    if config is None:
+        config = (folder / "adapter_config.json").read_bytes()
+    weights = replace.get("weights")
+    if weights is None:
+        weights = (folder / "adapter_model.safetensors").read_bytes()
+    return {
+        "config": SimpleUploadedFile("adapter_config.json", config),
+        "weights": SimpleUploadedFile(
+            replace.get("weights_name", "adapter_model.safetensors"), weights
+        ),
+    }
+
+
+def upload(client, name: str, folder: Path, **replace):
+    return client.post(
+        f"/api/v1/adapters/{name}/versions/", files_of(folder, **replace), format="multipart"
+    )
+
+
+def wait_for(predicate, *, timeout: float = 60, interval: float = 0.1, what: str = "condition"):
+    """Poll until predicate() is truthy; returns its value."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
+def sha256_of(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def read_config(folder: Path) -> dict:
+    return json.loads((folder / "adapter_config.json").read_text())
+
+
+def env_flag(name: str) -> bool:
+    return os.environ.get(name) == "1"
+
+
+def make_ready_version(adapter, folder: Path, actor: str = ALICE_ACTOR):
+    """A version created and validated in-process (the worker's service, called directly)."""
+    from registry.services.versions import adapter_version_create, adapter_version_validate
+
+    with (
+        open(folder / "adapter_config.json", "rb") as c,
+        open(folder / "adapter_model.safetensors", "rb") as w,
+    ):
+        version, _ = adapter_version_create(adapter=adapter, config=c, weights=w, actor=actor)
+    adapter_version_validate(version_id=version.pk)
+    version.refresh_from_db()
+    assert version.status == "ready", version.status_detail
+    return version

@@ -1,0 +1,71 @@
+"""What the serving layer gets: model strings resolve within the tenant to servable versions."""
+
+import pytest
+from django.http import Http404
+
+from registry.errors import NotServable
+from registry.names import ModelRef, parse_model_name
+from registry.selectors import adapter_version_resolve, base_model_served
+from registry.services.aliases import alias_set
+from tests.registry.conftest import ALICE_ACTOR, make_ready_version
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def versions(adapter, good_adapter_dir, second_adapter_dir):
+    return make_ready_version(adapter, good_adapter_dir), make_ready_version(
+        adapter, second_adapter_dir
+    )
+
+
+def resolve(tenant, name, **kw):
+    return adapter_version_resolve(tenant=tenant, adapter_name=name, **kw).number
+
+
+def test_model_strings_parse_into_adapter_alias_and_number():
+    assert parse_model_name("bot") == ModelRef("bot")
+    assert parse_model_name("bot@canary") == ModelRef("bot", alias="canary")
+    assert parse_model_name("bot:3") == ModelRef("bot", number=3)
+    for bad in ("", "../bot", "bot@", "bot:0", "bot:x", "Bot", "a@b@c", "bot:1:2", None):
+        assert parse_model_name(bad) is None, bad
+
+
+def test_the_bare_name_follows_production_else_the_latest_ready(tenant_a, adapter, versions):
+    assert resolve(tenant_a, "support-bot") == 2
+    alias_set(adapter=adapter, name="production", version_number=1, actor=ALICE_ACTOR)
+    assert resolve(tenant_a, "support-bot") == 1
+    assert resolve(tenant_a, "support-bot", alias="latest") == 2
+    assert resolve(tenant_a, "support-bot", alias="v2") == 2
+    assert resolve(tenant_a, "support-bot", number=1) == 1
+    assert resolve(tenant_a, "support-bot", alias="production") == 1
+
+
+def test_a_canary_takes_its_weight_of_bare_name_requests(tenant_a, adapter, versions):
+    alias_set(adapter=adapter, name="production", version_number=1, actor=ALICE_ACTOR)
+    alias_set(adapter=adapter, name="canary", version_number=2, weight=25, actor=ALICE_ACTOR)
+    picks = [resolve(tenant_a, "support-bot", roll=i / 100) for i in range(100)]
+    assert picks.count(2) == 25 and picks.count(1) == 75
+    assert resolve(tenant_a, "support-bot", alias="canary", roll=0.99) == 2
+
+
+def test_foreign_and_unknown_names_are_404(tenant_a, tenant_b, adapter, versions):
+    for kwargs in ({}, {"alias": "production"}, {"number": 7}):
+        with pytest.raises(Http404):
+            adapter_version_resolve(tenant=tenant_b, adapter_name="support-bot", **kwargs)
+    with pytest.raises(Http404):
+        adapter_version_resolve(tenant=tenant_a, adapter_name="support-bot", alias="nope")
+
+
+def test_a_version_that_may_not_be_served_says_why(tenant_a, adapter, versions, base_model):
+    base_model.revision = "f" * 64
+    base_model.save()
+    with pytest.raises(NotServable, match="not been checked against tiny-llama"):
+        resolve(tenant_a, "support-bot", number=1)
+    with pytest.raises(NotServable, match="no ready version"):
+        resolve(tenant_a, "support-bot")
+
+
+def test_the_served_base_model_is_one_row_with_its_local_path(base_model, tiny_base_dir):
+    served = base_model_served()
+    assert served.name == "tiny-llama" and served.local_path == str(tiny_base_dir.resolve())
