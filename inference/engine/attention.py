@@ -1,0 +1,100 @@
+"""Attention over the paged KV cache: the one place a paged-attention kernel plugs in.
+
+Layout: each layer's cache is a [num_blocks, block_size, num_kv_heads, head_dim] tensor for
+keys and one for values. Queries are grouped by KV head (GQA): q head h reads KV head
+h // (num_heads // num_kv_heads), so no key or value is ever repeated.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .context import ForwardContext, get_forward_context
+
+
+def store_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k, v, slot_mapping):
+    """Write the fed tokens' keys and values [T, kv_heads, head_dim] into their cache slots."""
+    k_cache.view(-1, *k.shape[1:]).index_copy_(0, slot_mapping, k)
+    v_cache.view(-1, *v.shape[1:]).index_copy_(0, slot_mapping, v)
+
+
+def prefill_attention(q, k, v, cu_seqlens: list[int], scale: float) -> torch.Tensor:
+    """Causal attention of each prompt over itself. The prompt's keys and values were just
+    computed, so they are used directly instead of being read back from the cache."""
+    out = torch.empty_like(q)
+    for start, end in zip(cu_seqlens[:-1], cu_seqlens[1:], strict=True):
+        qs, ks, vs = (t[start:end].transpose(0, 1).unsqueeze(0) for t in (q, k, v))
+        o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale, enable_gqa=True)
+        out[start:end] = o[0].transpose(0, 1)
+    return out
+
+
+def gather_kv(cache: torch.Tensor, block_tables: torch.Tensor, length: int) -> torch.Tensor:
+    """The sequences' cached keys (or values), padded: [seqs, kv_heads, length, head_dim].
+    Padding holds zeros or other sequences' values: finite, and masked out by the caller."""
+    blocks = cache[block_tables].flatten(1, 2)  # [seqs, max_blocks * block_size, kv_heads, dim]
+    seqs, n, kv_heads, dim = blocks.shape
+    out = blocks.new_empty(seqs, kv_heads, length, dim)
+    out[:, :, :n] = blocks.transpose(1, 2)
+    out[:, :, n:] = 0
+    return out
+
+
+def decode_attention(q, k, v, ctx: ForwardContext, scale: float) -> torch.Tensor:
+    """One new token per sequence against all its cached tokens: a batched call per group of
+    similar lengths over padded [seqs, kv_heads, length, head_dim] keys and values. The
+    query heads that share a KV head take the place of the query-length dimension."""
+    num_seqs, num_heads, head_dim = q.shape
+    kv_heads = k.shape[1]
+    qg = q.view(num_seqs, kv_heads, num_heads // kv_heads, head_dim)
+    out = q.new_empty(qg.shape)
+    for start, end, mask in ctx.decode_groups:
+        width = mask.shape[-1]
+        out[start:end] = F.scaled_dot_product_attention(
+            qg[start:end], k[start:end, :, :width], v[start:end, :, :width], mask, scale=scale
+        )
+    return out.view(num_seqs, num_heads, head_dim)
+
+
+class Attention(nn.Module):
+    """Stores this layer's new keys/values in the cache, then attends. The model runner
+    assigns `k_cache`/`v_cache` once the cache is allocated."""
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.scale = head_dim**-0.5
+        self.k_cache = self.v_cache = torch.empty(0)
+        self.k_buffer = self.v_buffer = None  # see decode_kv
+
+    def forward(self, q, k, v) -> torch.Tensor:
+        ctx = get_forward_context()
+        q = q.view(-1, self.num_heads, self.head_dim)
+        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        if self.k_cache.numel():
+            store_kv(self.k_cache, self.v_cache, k, v, ctx.slot_mapping)
+        if ctx.is_prefill:
+            self.k_buffer = self.v_buffer = None  # the next decode batch differs; free them now
+            out = prefill_attention(q, k, v, ctx.cu_seqlens, self.scale)
+        else:
+            out = decode_attention(q, *self.decode_kv(k, v, ctx), ctx, self.scale)
+        return out.flatten(1)
+
+    def decode_kv(self, k, v, ctx: ForwardContext) -> tuple[torch.Tensor, torch.Tensor]:
+        """Padded keys and values of the decode batch. Gathering every cached token of every
+        sequence each step costs as much as the matmuls on a CPU, so when the runner allows
+        it the gathered copy is kept and only the new token is written into it next step."""
+        if ctx.decode_buffer_len is None:  # gather afresh every step and keep nothing
+            self.k_buffer = self.v_buffer = None
+            width = ctx.block_tables.shape[1] * self.k_cache.shape[1]
+            k_all = gather_kv(self.k_cache, ctx.block_tables, width)
+            return k_all, gather_kv(self.v_cache, ctx.block_tables, width)
+        if ctx.refresh_decode_buffers or self.k_buffer is None:
+            self.k_buffer = gather_kv(self.k_cache, ctx.block_tables, ctx.decode_buffer_len)
+            self.v_buffer = gather_kv(self.v_cache, ctx.block_tables, ctx.decode_buffer_len)
+        else:
+            rows = torch.arange(k.shape[0], device=k.device)
+            self.k_buffer[rows, :, ctx.context_lens - 1] = k
+            self.v_buffer[rows, :, ctx.context_lens - 1] = v
+        return self.k_buffer, self.v_buffer

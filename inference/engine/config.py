@@ -1,0 +1,206 @@
+"""Engine configuration and the model's shape as read from its config.json."""
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .errors import ConfigError, ModelLoadError
+
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The few numbers of a Llama-family config.json that the engine needs."""
+
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict | None
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool
+    mlp_bias: bool
+    eos_token_ids: tuple[int, ...]
+    sliding_window: int | None
+
+    @classmethod
+    def from_folder(cls, folder: str | Path) -> "ModelConfig":
+        path = Path(folder) / "config.json"
+        if not Path(folder).is_dir():
+            raise ModelLoadError(f"model folder {folder} does not exist or is not a folder")
+        try:
+            raw = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise ModelLoadError(
+                f"{path} is missing; point the engine at a Hugging Face model folder"
+            ) from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ModelLoadError(f"{path} is not valid JSON ({e}); re-download the model") from None
+        if not isinstance(raw, dict):
+            raise ModelLoadError(f"{path} must hold a JSON object")
+        return cls.from_dict(raw, source=str(path))
+
+    @classmethod
+    def from_dict(cls, raw: dict, source: str = "config.json") -> "ModelConfig":
+        archs = raw.get("architectures") or []
+        arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
+        if arch is None:
+            raise ModelLoadError(
+                f"{source}: architecture {archs or 'unknown'} is not supported; "
+                f"the engine serves {', '.join(SUPPORTED_ARCHITECTURES)}"
+            )
+
+        def need(key):
+            if raw.get(key) is None:
+                raise ModelLoadError(f"{source}: required key {key!r} is missing")
+            return raw[key]
+
+        if raw.get("hidden_act", "silu") != "silu":
+            raise ModelLoadError(
+                f"{source}: hidden_act {raw['hidden_act']!r} is not supported (silu only)"
+            )
+        hidden, heads = int(need("hidden_size")), int(need("num_attention_heads"))
+        kv_heads = int(raw.get("num_key_value_heads") or heads)
+        if heads % kv_heads:
+            raise ModelLoadError(
+                f"{source}: {heads} attention heads is not a multiple of {kv_heads} KV heads"
+            )
+        theta, scaling = _rope(raw, source)
+        eos = raw.get("eos_token_id")
+        eos_ids = tuple(eos if isinstance(eos, list) else [] if eos is None else [eos])
+        return cls(
+            architecture=arch,
+            vocab_size=int(need("vocab_size")),
+            hidden_size=hidden,
+            intermediate_size=int(need("intermediate_size")),
+            num_layers=int(need("num_hidden_layers")),
+            num_heads=heads,
+            num_kv_heads=kv_heads,
+            head_dim=int(raw.get("head_dim") or hidden // heads),
+            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+            rope_theta=theta,
+            rope_scaling=scaling,
+            max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            attention_bias=bool(raw.get("attention_bias", False)),
+            mlp_bias=bool(raw.get("mlp_bias", False)),
+            eos_token_ids=tuple(int(i) for i in eos_ids),
+            sliding_window=raw.get("sliding_window"),
+        )
+
+
+def _rope(raw: dict, source: str) -> tuple[float, dict | None]:
+    """Rope theta and scaling from either layout: transformers 5 writes `rope_parameters`,
+    older configs a top-level `rope_theta` plus `rope_scaling`."""
+    params = dict(raw.get("rope_parameters") or {})
+    scaling = dict(raw.get("rope_scaling") or {})
+    theta = params.get("rope_theta", raw.get("rope_theta", 10000.0))
+    merged = {**scaling, **params}
+    rope_type = merged.get("rope_type", merged.get("type", "default"))
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise ModelLoadError(
+            f"{source}: rope type {rope_type!r} is not supported "
+            f"({', '.join(SUPPORTED_ROPE_TYPES)})"
+        )
+    if rope_type == "default":
+        return float(theta), None
+    merged["rope_type"] = rope_type
+    if "factor" not in merged:
+        raise ModelLoadError(f"{source}: rope scaling {rope_type!r} needs a 'factor'")
+    if rope_type == "llama3":
+        merged.setdefault("original_max_position_embeddings", raw.get("max_position_embeddings"))
+        for key in ("low_freq_factor", "high_freq_factor", "original_max_position_embeddings"):
+            if merged.get(key) is None:
+                raise ModelLoadError(f"{source}: llama3 rope scaling needs {key!r}")
+    return float(theta), merged
+
+
+@dataclass
+class EngineConfig:
+    """Everything fixed at start-up. Reads the model's config.json on creation, so a bad
+    folder or a value that cannot work fails here, before any weight is loaded."""
+
+    model: str | Path
+    device: str = "auto"  # "auto": cuda when available, else cpu
+    dtype: str = "auto"  # "auto": float32 on cpu, bfloat16 (or float16) on cuda
+    max_model_len: int | None = None  # prompt + completion tokens; default: the model's
+    max_num_seqs: int = 128
+    max_num_batched_tokens: int | None = None  # tokens per step; default: max(max_model_len, 2048)
+    block_size: int = 16
+    kv_cache_bytes: int | None = None  # KV budget; default 512 MiB on cpu
+    gpu_memory_utilization: float = 0.9  # on cuda without kv_cache_bytes: share of device memory
+    seed: int = 0  # seeds requests that give no seed of their own
+    model_config: ModelConfig = field(init=False, repr=False)
+
+    def __post_init__(self):
+        self.model = Path(self.model)
+        self.model_config = ModelConfig.from_folder(self.model)
+        mc = self.model_config
+        if self.device == "auto":
+            self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        try:
+            device = torch.device(self.device)
+        except RuntimeError:
+            raise ConfigError(
+                f"device {self.device!r} is not a torch device (cpu, cuda, cuda:1, ...)"
+            ) from None
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ConfigError("device 'cuda' was asked for but no CUDA device is available")
+        if device.type not in ("cpu", "cuda"):
+            raise ConfigError(f"device {self.device!r} is not supported; use cpu or cuda")
+        if self.dtype == "auto":
+            if str(self.device).startswith("cuda"):
+                self.dtype = "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+            else:
+                self.dtype = "float32"
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"dtype {self.dtype!r} is not one of {', '.join(DTYPES)} or 'auto'")
+        limit = mc.max_position_embeddings
+        if mc.sliding_window and mc.sliding_window < limit:
+            # Within the window, sliding-window attention equals full attention.
+            limit = int(mc.sliding_window)
+        if self.max_model_len is None:
+            self.max_model_len = limit
+        elif not 1 < self.max_model_len <= limit:
+            raise ConfigError(
+                f"max_model_len {self.max_model_len} must be in 2..{limit} for this model"
+            )
+        if self.max_num_batched_tokens is None:
+            self.max_num_batched_tokens = max(self.max_model_len, 2048)
+        if self.max_num_batched_tokens < self.max_model_len:
+            raise ConfigError(
+                f"max_num_batched_tokens {self.max_num_batched_tokens} must be at least "
+                f"max_model_len {self.max_model_len}, or a long prompt could never be scheduled"
+            )
+        if self.max_num_seqs < 1 or self.block_size < 1:
+            raise ConfigError("max_num_seqs and block_size must be positive")
+        if self.kv_cache_bytes is not None and self.kv_cache_bytes < self.kv_block_bytes:
+            raise ConfigError(
+                f"kv_cache_bytes {self.kv_cache_bytes} holds no KV block; one block of "
+                f"{self.block_size} tokens needs {self.kv_block_bytes} bytes"
+            )
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ConfigError("gpu_memory_utilization must be in (0, 1]")
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    @property
+    def kv_block_bytes(self) -> int:
+        """Bytes of one KV block across all layers (keys and values)."""
+        mc = self.model_config
+        per_token = 2 * mc.num_layers * mc.num_kv_heads * mc.head_dim * self.torch_dtype.itemsize
+        return per_token * self.block_size

@@ -1,0 +1,48 @@
+"""What one forward pass needs to know about its batch, beyond the token ids.
+
+The model runner builds a ForwardContext per step and sets it for the duration of the
+forward; attention reads it (and, later, LoRA layers read their per-token adapter slots
+from it). It is thread-local so two engines in one process cannot see each other's batch.
+"""
+
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+
+_local = threading.local()
+
+
+@dataclass
+class ForwardContext:
+    is_prefill: bool
+    slot_mapping: torch.Tensor  # [num_tokens] KV-cache slot each fed token is written to
+    # prefill: the sequences' tokens back to back; seq i is tokens cu_seqlens[i]:cu_seqlens[i+1]
+    cu_seqlens: list[int] | None = None
+    # decode: one token per sequence, attending over its blocks
+    block_tables: torch.Tensor | None = None  # [num_seqs, max_blocks], padded with block 0
+    context_lens: torch.Tensor | None = None  # [num_seqs], the fed token included
+    # rows (sorted longest first) that attend as one call: (start, end, additive mask of
+    # [end - start, 1, 1, tokens of the longest], 0 where a cached token is attended, -inf not)
+    decode_groups: list[tuple[int, int, torch.Tensor]] | None = None
+    # decode on CPU: attention keeps padded copies of the batch's keys/values this long per
+    # sequence, rebuilt from the cache when `refresh` is set, else extended by the new token
+    decode_buffer_len: int | None = None
+    refresh_decode_buffers: bool = True
+
+
+def get_forward_context() -> ForwardContext:
+    ctx = getattr(_local, "ctx", None)
+    assert ctx is not None, "the model runs only inside forward_context(...)"
+    return ctx
+
+
+@contextmanager
+def forward_context(ctx: ForwardContext):
+    previous = getattr(_local, "ctx", None)
+    _local.ctx = ctx
+    try:
+        yield ctx
+    finally:
+        _local.ctx = previous

@@ -1,0 +1,55 @@
+"""Sizing and allocating the paged KV cache, once, at start-up.
+
+The number of blocks is fixed here from a byte budget, so admission and preemption later
+only count free blocks and never meet an out-of-memory error mid-step.
+"""
+
+import torch
+
+from .config import EngineConfig
+from .errors import ConfigError
+
+CPU_DEFAULT_KV_BYTES = 512 << 20
+
+
+def kv_cache_budget(config: EngineConfig, device: torch.device) -> int:
+    """Bytes for the cache: `kv_cache_bytes` if given; on CUDA otherwise the share
+    `gpu_memory_utilization` of device memory minus what weights and a warm-up step use."""
+    if config.kv_cache_bytes is not None:
+        return config.kv_cache_bytes
+    if device.type != "cuda":
+        return CPU_DEFAULT_KV_BYTES
+    free, total = torch.cuda.mem_get_info(device)
+    used_now = total - free
+    # Peak activations beyond resident memory, measured by the warm-up the runner ran before.
+    activations = torch.cuda.max_memory_allocated(device) - torch.cuda.memory_allocated(device)
+    budget = int(total * config.gpu_memory_utilization) - used_now - activations
+    if budget < config.kv_block_bytes:
+        raise ConfigError(
+            f"no device memory left for the KV cache ({used_now / 2**30:.1f} GiB of "
+            f"{total / 2**30:.1f} GiB in use); raise gpu_memory_utilization or lower "
+            f"max_num_batched_tokens"
+        )
+    return budget
+
+
+def allocate_kv_cache(model: torch.nn.Module, config: EngineConfig, num_blocks: int, device):
+    """One key and one value tensor per layer, each [num_blocks, block_size, kv_heads, head_dim],
+    carved from a single allocation and handed to the layers' Attention modules."""
+    from .attention import Attention
+
+    mc = config.model_config
+    layers = [m for m in model.modules() if isinstance(m, Attention)]
+    cache = torch.zeros(
+        2,
+        len(layers),
+        num_blocks,
+        config.block_size,
+        mc.num_kv_heads,
+        mc.head_dim,
+        dtype=config.torch_dtype,
+        device=device,
+    )
+    for i, layer in enumerate(layers):
+        layer.k_cache, layer.v_cache = cache[0, i], cache[1, i]
+    return cache

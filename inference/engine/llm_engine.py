@@ -1,0 +1,259 @@
+"""LLMEngine: requests in, one step at a time, token deltas out.
+
+Not thread-safe: one thread calls `add_request`/`step`/`abort` (AsyncLLMEngine is that
+thread's owner). `make_sequence` only validates and tokenizes, so other threads may call it.
+"""
+
+import random
+import time
+from collections.abc import Sequence as SequenceOf
+
+import torch
+
+from .block_manager import BlockManager
+from .config import EngineConfig
+from .errors import (
+    DuplicateRequestError,
+    InvalidRequestError,
+    ModelLoadError,
+    PromptTooLongError,
+)
+from .metrics import EngineMetrics
+from .model_runner import ModelRunner
+from .outputs import CompletionOutput, RequestOutput, abort_output, append_token
+from .sampling_params import SamplingParams
+from .scheduler import Scheduler
+from .sequence import Sequence
+from .tokenizer import Tokenizer
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig | None = None, **kwargs):
+        if config is not None and kwargs:
+            raise TypeError("pass either an EngineConfig or keyword settings, not both")
+        self.config = config if config is not None else EngineConfig(**kwargs)
+        self.tokenizer = Tokenizer.from_folder(self.config.model)
+        if self.tokenizer.vocab_size > self.config.model_config.vocab_size:
+            raise ModelLoadError(
+                f"the tokenizer has {self.tokenizer.vocab_size} tokens but the model only "
+                f"{self.config.model_config.vocab_size}; tokenizer.json belongs to another model"
+            )
+        self.model_runner = ModelRunner(self.config)
+        self.block_manager = BlockManager(self.model_runner.num_blocks, self.config.block_size)
+        self.scheduler = Scheduler(self.config, self.block_manager)
+        mc = self.config.model_config
+        self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids) | frozenset(mc.eos_token_ids)
+        # A sequence can only grow as long as the whole cache, even alone.
+        self.max_seq_len = min(
+            self.config.max_model_len, self.block_manager.num_blocks * self.config.block_size
+        )
+        self.requests: dict[str, Sequence] = {}
+        self.metrics = EngineMetrics()
+        self._aborted: list[RequestOutput] = []
+        self._seeds = random.Random(self.config.seed)
+
+    # -- requests -------------------------------------------------------------------------
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | None = None,
+        sampling_params: SamplingParams | None = None,
+        *,
+        prompt_token_ids: list[int] | None = None,
+        lora_request=None,
+        arrival_time: float | None = None,
+    ):
+        seq = self.make_sequence(
+            request_id,
+            prompt,
+            sampling_params,
+            prompt_token_ids=prompt_token_ids,
+            lora_request=lora_request,
+            arrival_time=arrival_time,
+        )
+        self.add_sequence(seq)
+
+    def make_sequence(
+        self,
+        request_id: str,
+        prompt: str | None = None,
+        sampling_params: SamplingParams | None = None,
+        *,
+        prompt_token_ids: list[int] | None = None,
+        lora_request=None,
+        arrival_time: float | None = None,
+    ) -> Sequence:
+        """Validate and tokenize a request without touching the engine's state."""
+        if not isinstance(request_id, str) or not request_id:
+            raise InvalidRequestError(f"request_id must be a non-empty string, got {request_id!r}")
+        params = sampling_params if sampling_params is not None else SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise InvalidRequestError("sampling_params must be a SamplingParams")
+        token_ids = self._prompt_tokens(prompt, prompt_token_ids)
+        self._check_length(len(token_ids))
+        seed = params.seed if params.seed is not None else self._seeds.getrandbits(63)
+        generator = torch.Generator(device=self.model_runner.device)
+        generator.manual_seed(seed)
+        return Sequence(
+            request_id,
+            token_ids,
+            params,
+            generator=generator,
+            detokenizer=self.tokenizer.detokenizer(),
+            lora_request=lora_request,
+            arrival_time=arrival_time,
+        )
+
+    def add_sequence(self, seq: Sequence):
+        if seq.request_id in self.requests:
+            raise DuplicateRequestError(
+                f"request id {seq.request_id!r} is already in use; give each request a unique id"
+            )
+        self.requests[seq.request_id] = seq
+        self.scheduler.add(seq)
+
+    def _prompt_tokens(self, prompt, prompt_token_ids) -> list[int]:
+        if (prompt is None) == (prompt_token_ids is None):
+            raise InvalidRequestError("give exactly one of prompt (text) and prompt_token_ids")
+        if prompt is not None:
+            if not isinstance(prompt, str):
+                raise InvalidRequestError(f"prompt must be a string, got {type(prompt).__name__}")
+            token_ids = self.tokenizer.encode(prompt) if prompt else []
+        else:
+            token_ids = list(prompt_token_ids)
+            vocab = self.config.model_config.vocab_size
+            for t in token_ids:
+                if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:
+                    raise InvalidRequestError(
+                        f"prompt token id {t!r} is not in the vocabulary (0..{vocab - 1})"
+                    )
+        if not token_ids:
+            raise InvalidRequestError("the prompt is empty; send at least one token")
+        return token_ids
+
+    def _check_length(self, n: int):
+        limit = self.config.max_model_len
+        if n + 1 > limit:
+            raise PromptTooLongError(
+                f"the prompt has {n} tokens but the model's context (max_model_len) is {limit}, "
+                f"which must also hold at least one generated token; shorten it to "
+                f"{limit - 1} tokens or fewer"
+            )
+        need = self.block_manager.blocks_needed(n + 1)
+        if need > self.block_manager.num_blocks:
+            raise PromptTooLongError(
+                f"the prompt has {n} tokens and needs {need} KV blocks, but the whole KV cache has "
+                f"{self.block_manager.num_blocks} ({self.max_seq_len} tokens); shorten the prompt "
+                f"or start the engine with a larger kv_cache_bytes"
+            )
+
+    def abort(self, request_id: str) -> bool:
+        """Stop a request and free its KV blocks now. Its final output, with finish_reason
+        "abort", comes from the next `step()`. False if no such request is unfinished."""
+        seq = self.requests.pop(request_id, None)
+        if seq is None:
+            return False
+        self.scheduler.finish(seq)
+        seq.finish_reason = "abort"
+        self._record_finish(seq, time.monotonic())
+        self._aborted.append(abort_output(seq))
+        return True
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests or self._aborted)
+
+    # -- the loop -------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        outputs, self._aborted = self._aborted, []
+        seqs, is_prefill = self.scheduler.schedule()
+        if not seqs:
+            return outputs
+        start = time.monotonic()
+        for seq in seqs:
+            if seq.first_scheduled_time is None:
+                seq.first_scheduled_time = start
+                self.metrics.queue_time.observe(start - seq.arrival_time)
+                self.metrics.prompt_tokens += seq.num_prompt_tokens
+        sampled = self.model_runner.run(seqs, is_prefill)
+        now = time.monotonic()
+        for seq, token_id, logprob in zip(seqs, sampled.token_ids, sampled.logprobs, strict=True):
+            out = append_token(
+                seq, token_id, logprob, eos_token_ids=self.eos_token_ids, max_len=self.max_seq_len
+            )
+            self._record_token(seq, now)
+            if out.finished:
+                self.scheduler.finish(seq)
+                del self.requests[seq.request_id]
+                self._record_finish(seq, now)
+            outputs.append(out)
+        self.metrics.preemptions = self.scheduler.num_preemptions
+        return outputs
+
+    def _record_token(self, seq: Sequence, now: float):
+        m = self.metrics
+        m.generation_tokens += 1
+        if seq.first_token_time is None:
+            seq.first_token_time = now
+            m.time_to_first_token.observe(now - seq.arrival_time)
+        else:
+            m.inter_token_latency.observe(now - seq.last_token_time)
+        seq.last_token_time = now
+
+    def _record_finish(self, seq: Sequence, now: float):
+        self.metrics.finished[seq.finish_reason] += 1
+        self.metrics.e2e_latency.observe(now - seq.arrival_time)
+
+    def stats(self) -> dict:
+        """Gauges of the moment plus the cumulative metrics."""
+        return {
+            "requests_running": len(self.scheduler.running),
+            "requests_waiting": len(self.scheduler.waiting),
+            "kv_blocks_used": self.block_manager.num_used_blocks,
+            "kv_blocks_total": self.block_manager.num_blocks,
+            **self.metrics.snapshot(),
+        }
+
+    # -- blocking convenience ---------------------------------------------------------------
+
+    def generate(
+        self,
+        prompts: SequenceOf[str] | SequenceOf[list[int]],
+        sampling_params: SamplingParams | list[SamplingParams] | None = None,
+    ) -> list[CompletionOutput]:
+        """Run prompts (texts or token id lists) to completion on an otherwise idle engine
+        (tests, benchmarks); results in prompt order."""
+        if self.requests:
+            raise RuntimeError("generate() steps the whole engine; call it only when idle")
+        params = (
+            sampling_params
+            if isinstance(sampling_params, list)
+            else [sampling_params] * len(prompts)
+        )
+        if len(params) != len(prompts):
+            raise InvalidRequestError(f"{len(prompts)} prompts but {len(params)} sampling params")
+        seqs = [
+            self.make_sequence(
+                f"generate-{id(params)}-{i}",
+                p if isinstance(p, str) else None,
+                sp,
+                prompt_token_ids=None if isinstance(p, str) else p,
+            )
+            for i, (p, sp) in enumerate(zip(prompts, params, strict=True))
+        ]  # all validated before any is queued, so a bad prompt leaves nothing behind
+        results = {
+            seq.request_id: CompletionOutput(seq.request_id, list(seq.token_ids)) for seq in seqs
+        }
+        for seq in seqs:
+            self.add_sequence(seq)
+        while any(r.finish_reason is None for r in results.values()):
+            for out in self.step():
+                result = results.get(out.request_id)
+                if result is None:
+                    continue
+                result.token_ids += out.new_token_ids
+                result.text += out.new_text
+                result.logprobs += out.new_logprobs
+                result.finish_reason = out.finish_reason
+        return list(results.values())

@@ -1,0 +1,103 @@
+"""Fill the model's parameters from the checkpoint's *.safetensors files.
+
+Strict on purpose: a tensor the model lacks, a shape that differs from config.json, or a
+parameter no file provides means the folder and its config disagree, and serving it would
+produce garbage rather than an error.
+"""
+
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+
+from .errors import ModelLoadError
+from .layers import Linear
+from .model import PACKED_MODULES
+
+# Present in some checkpoints, derived (not learned) here.
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def load_weights(model: torch.nn.Module, folder: str | Path):
+    folder = Path(folder)
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ModelLoadError(
+            f"no *.safetensors file in {folder}; the engine loads safetensors checkpoints only"
+        )
+    modules = dict(model.named_modules())
+    params = dict(model.named_parameters())  # tied weights appear once, under the embedding
+    missing = {(name, 0) for name in params}
+    for name, module in modules.items():
+        if isinstance(module, Linear) and len(module.output_sizes) > 1:
+            for p in ("weight", "bias"):
+                if f"{name}.{p}" in params:
+                    missing.discard((f"{name}.{p}", 0))
+                    missing.update((f"{name}.{p}", i) for i in range(len(module.output_sizes)))
+    for path in files:
+        try:
+            with safe_open(path, framework="pt", device="cpu") as f:
+                for key in f.keys():  # noqa: SIM118 (safe_open is not a dict)
+                    target = _target(key, params, model)
+                    if target is not None:
+                        _copy(path, key, f.get_tensor(key), target, modules, params)
+                        missing.discard(target)
+        except (SafetensorError, OSError) as e:
+            raise ModelLoadError(
+                f"{path} is not a readable safetensors file ({e}); re-download it"
+            ) from None
+    if missing:
+        names = sorted(_checkpoint_name(name, shard, modules) for name, shard in missing)
+        shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+        raise ModelLoadError(f"{folder} lacks tensors the model needs: {shown}")
+
+
+def _target(key: str, params: dict, model) -> tuple[str, int] | None:
+    """Our (parameter name, merged part) for a checkpoint tensor name."""
+    if key.endswith(IGNORED_SUFFIXES):
+        return None
+    if key == "lm_head.weight" and model.config.tie_word_embeddings:
+        return None  # some tied checkpoints store the head anyway; the embedding is the source
+    parts = key.split(".")
+    for i, part in enumerate(parts):
+        if part in PACKED_MODULES:
+            merged, shard = PACKED_MODULES[part]
+            parts[i] = merged
+            key_ours = ".".join(parts)
+            break
+    else:
+        key_ours, shard = key, 0
+    if key_ours not in params:
+        raise ModelLoadError(
+            f"checkpoint tensor {key!r} has no place in a {model.config.architecture} with "
+            f"{model.config.num_layers} layers; config.json does not match the weights"
+        )
+    return key_ours, shard
+
+
+def _copy(path, key, tensor, target, modules, params):
+    name, shard = target
+    dest = params[name].data
+    module = modules[name.rsplit(".", 1)[0]]
+    if isinstance(module, Linear) and len(module.output_sizes) > 1:
+        dest = dest[module.output_slice(shard)]
+    if tuple(tensor.shape) != tuple(dest.shape):
+        raise ModelLoadError(
+            f"{path.name}: tensor {key!r} has shape {tuple(tensor.shape)}, config.json implies "
+            f"{tuple(dest.shape)}"
+        )
+    if not tensor.dtype.is_floating_point:
+        raise ModelLoadError(
+            f"{path.name}: tensor {key!r} is {tensor.dtype}; expected floating point"
+        )
+    dest.copy_(tensor)
+
+
+def _checkpoint_name(name: str, shard: int, modules) -> str:
+    module_name, p = name.rsplit(".", 1)
+    module = modules[module_name]
+    if isinstance(module, Linear) and len(module.output_sizes) > 1:
+        merged = module_name.rsplit(".", 1)[1]
+        original = next(k for k, v in PACKED_MODULES.items() if v == (merged, shard))
+        return f"{module_name.rsplit('.', 1)[0]}.{original}.{p}"
+    return name

@@ -1,0 +1,57 @@
+"""Engine metrics as plain counters and histograms; the serving layer exports them.
+
+Written only by the step thread; readers on other threads take `snapshot()`, whose
+numbers may be a step apart from each other but are each consistent.
+"""
+
+import bisect
+from dataclasses import dataclass, field
+
+# Seconds. Wide enough for a CPU serving a 135M model and a GPU serving an 8B one.
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+
+
+class Histogram:
+    """Counts per bucket (upper bounds, plus +Inf), sum and count, as Prometheus keeps them."""
+
+    def __init__(self, buckets: tuple[float, ...] = LATENCY_BUCKETS):
+        self.buckets = tuple(buckets)
+        self.counts = [0] * (len(self.buckets) + 1)
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float):
+        self.counts[bisect.bisect_left(self.buckets, value)] += 1
+        self.sum += value
+        self.count += 1
+
+    def snapshot(self) -> dict:
+        cumulative, total = [], 0
+        for bound, n in zip((*self.buckets, float("inf")), self.counts, strict=True):
+            total += n
+            cumulative.append((bound, total))
+        return {"buckets": cumulative, "sum": self.sum, "count": self.count}
+
+
+@dataclass
+class EngineMetrics:
+    prompt_tokens: int = 0  # counted once per request, not again when recomputed
+    generation_tokens: int = 0
+    preemptions: int = 0
+    finished: dict[str, int] = field(default_factory=lambda: {"stop": 0, "length": 0, "abort": 0})
+    time_to_first_token: Histogram = field(default_factory=Histogram)
+    inter_token_latency: Histogram = field(default_factory=Histogram)
+    queue_time: Histogram = field(default_factory=Histogram)  # arrival to first scheduled
+    e2e_latency: Histogram = field(default_factory=Histogram)  # arrival to finish
+
+    def snapshot(self) -> dict:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "generation_tokens": self.generation_tokens,
+            "preemptions": self.preemptions,
+            "finished": dict(self.finished),
+            "time_to_first_token": self.time_to_first_token.snapshot(),
+            "inter_token_latency": self.inter_token_latency.snapshot(),
+            "queue_time": self.queue_time.snapshot(),
+            "e2e_latency": self.e2e_latency.snapshot(),
+        }

@@ -1,0 +1,170 @@
+"""Turns a scheduled batch into tensors, runs the model, and samples one token per sequence."""
+
+from contextlib import contextmanager
+
+import torch
+
+from .config import EngineConfig
+from .context import ForwardContext, forward_context
+from .kv_cache import allocate_kv_cache, kv_cache_budget
+from .loader import load_weights
+from .model import LlamaForCausalLM
+from .sampler import Sampler, SamplerOutput
+from .sequence import Sequence
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        self.block_size = config.block_size
+        self.device = torch.device(config.device)
+        mc = config.model_config
+        with torch.device(self.device), _default_dtype(config.torch_dtype):
+            self.model = LlamaForCausalLM(mc, max_positions=config.max_model_len).eval()
+        load_weights(self.model, config.model)
+        if self.device.type == "cuda":
+            self._warm_up()
+        self.num_blocks = kv_cache_budget(config, self.device) // config.kv_block_bytes
+        self.kv_cache = allocate_kv_cache(self.model, config, self.num_blocks, self.device)
+        self.sampler = Sampler()
+        # Decode attention may keep a padded copy of the running batch's keys and values
+        # (see Attention.decode_kv), at most as large as the cache itself. Not on CUDA: there
+        # the cache already fills the memory, and a paged-attention kernel is the way.
+        self.decode_buffer_bytes = (
+            self.num_blocks * config.kv_block_bytes if self.device.type == "cpu" else 0
+        )
+        self.decode_buffer_headroom = 64  # tokens to grow by before the buffers are rebuilt
+        self._last_decode: list[tuple[Sequence, int]] = []  # (sequence, length) of the last decode
+        self._buffer_len = 0
+
+    @torch.inference_mode()
+    def run(self, seqs: list[Sequence], is_prefill: bool) -> SamplerOutput:
+        return self.sampler(self.compute_logits(seqs, is_prefill), seqs)
+
+    @torch.inference_mode()
+    def compute_logits(self, seqs: list[Sequence], is_prefill: bool) -> torch.Tensor:
+        """Logits [num_seqs, vocab] for each sequence's next token (float32)."""
+        prepare = self._prepare_prefill if is_prefill else self._prepare_decode
+        input_ids, positions, ctx, last = prepare(seqs)
+        with forward_context(ctx):
+            hidden = self.model(input_ids, positions)
+        if last is not None:
+            hidden = hidden[last]
+        return self.model.compute_logits(hidden).float()
+
+    def _prepare_prefill(self, seqs: list[Sequence]):
+        """Every token of each sequence (a preempted one is recomputed from its start)."""
+        self._last_decode = []  # the next decode batch is new
+        input_ids, positions, slots, cu_seqlens = [], [], [], [0]
+        for seq in seqs:
+            n = len(seq)
+            input_ids.extend(seq.token_ids)
+            positions.extend(range(n))
+            slots.extend(self._slot(seq, i) for i in range(n))
+            cu_seqlens.append(cu_seqlens[-1] + n)
+        ctx = ForwardContext(
+            is_prefill=True, slot_mapping=self._tensor(slots), cu_seqlens=cu_seqlens
+        )
+        last = self._tensor([end - 1 for end in cu_seqlens[1:]])
+        return self._tensor(input_ids), self._tensor(positions), ctx, last
+
+    def _prepare_decode(self, seqs: list[Sequence]):
+        """The newest token of each sequence, attending over all the sequence's blocks. The
+        batch runs longest first, so sequences of similar length can attend as one group
+        without reading the padding of much longer ones; `last` restores the caller's order."""
+        order = sorted(range(len(seqs)), key=lambda i: -len(seqs[i]))
+        unsort = [0] * len(seqs)
+        for row, i in enumerate(order):
+            unsort[i] = row
+        seqs = [seqs[i] for i in order]
+        lengths = [len(seq) for seq in seqs]
+        max_blocks = max(len(seq.block_table) for seq in seqs)
+        tables = [seq.block_table + [0] * (max_blocks - len(seq.block_table)) for seq in seqs]
+        buffer_len, refresh = self._decode_buffers(seqs)
+        ctx = ForwardContext(
+            is_prefill=False,
+            slot_mapping=self._tensor([self._slot(s, len(s) - 1) for s in seqs]),
+            block_tables=self._tensor(tables),
+            context_lens=self._tensor(lengths),
+            decode_groups=self._decode_groups(lengths),
+            decode_buffer_len=buffer_len,
+            refresh_decode_buffers=refresh,
+        )
+        input_ids = self._tensor([seq.last_token_id for seq in seqs])
+        positions = self._tensor([n - 1 for n in lengths])
+        return input_ids, positions, ctx, self._tensor(unsort)
+
+    def _decode_groups(self, lengths: list[int]) -> list[tuple[int, int, torch.Tensor]]:
+        """Rows (longest first) that attend in one call, each group with its additive mask."""
+        span = torch.arange(lengths[0], device=self.device)
+        hidden = span[None, :] >= self._tensor(lengths)[:, None]  # beyond a row's own tokens
+        mask = torch.zeros(hidden.shape, dtype=self.config.torch_dtype, device=self.device)
+        mask = mask.masked_fill_(hidden, float("-inf"))[:, None, None, :]
+        return [(s, e, mask[s:e, :, :, :width]) for s, e, width in _length_groups(lengths)]
+
+    def _decode_buffers(self, seqs: list[Sequence]) -> tuple[int | None, bool]:
+        """(length of the decode buffers or None for none, whether to rebuild them). They are
+        kept while the batch is the previous decode batch, each sequence one token longer."""
+        previous, self._last_decode = self._last_decode, [(seq, len(seq)) for seq in seqs]
+        longest = max(len(seq) for seq in seqs)
+        same_batch = len(previous) == len(seqs) and all(
+            seq is old and len(seq) == n + 1 for seq, (old, n) in zip(seqs, previous, strict=True)
+        )
+        if same_batch and longest <= self._buffer_len:
+            return self._buffer_len, False
+        # room to grow for a while before the next rebuild
+        self._buffer_len = (
+            -(-(longest + self.decode_buffer_headroom) // self.block_size) * self.block_size
+        )
+        token_bytes = self.config.kv_block_bytes // self.block_size
+        if len(seqs) * self._buffer_len * token_bytes > self.decode_buffer_bytes:
+            self._last_decode = []
+            return None, True
+        return self._buffer_len, True
+
+    def _slot(self, seq: Sequence, position: int) -> int:
+        return (
+            seq.block_table[position // self.block_size] * self.block_size
+            + position % self.block_size
+        )
+
+    def _tensor(self, values) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.long, device=self.device)
+
+    @torch.inference_mode()
+    def _warm_up(self):
+        """One full-size prefill without a cache, so the KV budget can leave room for the
+        activations of the largest step."""
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        n = self.config.max_num_batched_tokens
+        seq_len = self.config.max_model_len
+        cu = list(range(0, n, seq_len)) + [n]
+        positions = torch.cat([torch.arange(e - s) for s, e in zip(cu[:-1], cu[1:], strict=True)])
+        ctx = ForwardContext(is_prefill=True, slot_mapping=self._tensor([]), cu_seqlens=cu)
+        with forward_context(ctx):
+            hidden = self.model(self._tensor([0] * n), positions.to(self.device))
+        self.model.compute_logits(hidden[self._tensor([e - 1 for e in cu[1:]])])
+        torch.cuda.synchronize(self.device)
+
+
+def _length_groups(lengths: list[int], max_groups: int = 4) -> list[tuple[int, int, int]]:
+    """Split rows sorted by length (longest first) into (start, end, width) groups, starting
+    a new group where a sequence is under 3/4 of its group's longest."""
+    groups = [[0, 0, lengths[0]]]
+    for row, n in enumerate(lengths):
+        if n * 4 < groups[-1][2] * 3 and len(groups) < max_groups:
+            groups.append([row, row, n])
+        groups[-1][1] = row + 1
+    return [tuple(g) for g in groups]
+
+
+@contextmanager
+def _default_dtype(dtype: torch.dtype):
+    """Create parameters directly in the serving dtype (no float32 copy on the way)."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)

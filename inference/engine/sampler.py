@@ -1,0 +1,80 @@
+"""Chooses each sequence's next token from its logits, and reports logprobs.
+
+Random choices draw from the request's own torch.Generator, one row at a time, so a
+seeded request gets the same tokens whatever else shares its batch. The draw uses the
+exponential race (argmax of p / E with E ~ Exp(1)), which samples exactly from p.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from .outputs import TokenLogprob
+from .sequence import Sequence
+
+
+@dataclass
+class SamplerOutput:
+    token_ids: list[int]
+    logprobs: list[TokenLogprob | None]
+
+
+class Sampler:
+    def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> SamplerOutput:
+        tokens = logits.argmax(dim=-1)
+        random_rows = [i for i, seq in enumerate(seqs) if not seq.params.greedy]
+        if random_rows:
+            probs = self._probs(logits[random_rows], [seqs[i].params for i in random_rows])
+            for row, i in enumerate(random_rows):
+                race = torch.empty_like(probs[row]).exponential_(generator=seqs[i].generator)
+                tokens[i] = (probs[row] / race).argmax()
+        token_ids = tokens.tolist()
+        return SamplerOutput(token_ids, self._logprobs(logits, token_ids, seqs))
+
+    @staticmethod
+    def _probs(logits: torch.Tensor, params) -> torch.Tensor:
+        """Softmax at each row's temperature, after its top-k and top-p cuts."""
+        temperature = logits.new_tensor([p.temperature for p in params])
+        logits = logits / temperature[:, None]
+        top_k = [p.top_k for p in params]
+        top_p = [p.top_p for p in params]
+        if any(k > 0 for k in top_k) or any(p < 1 for p in top_p):
+            vocab = logits.shape[-1]
+            ordered, order = logits.sort(dim=-1, descending=True)
+            rank = torch.arange(vocab, device=logits.device)
+            k = logits.new_tensor([k if k > 0 else vocab for k in top_k])
+            cut = rank[None, :] >= k[:, None]
+            ordered = ordered.masked_fill(cut, float("-inf"))
+            sorted_probs = ordered.softmax(dim=-1)
+            # drop a token once the more likely ones already reach top_p (the first always stays)
+            before = sorted_probs.cumsum(dim=-1) - sorted_probs
+            cut |= before >= logits.new_tensor(top_p)[:, None]
+            cut[:, 0] = False
+            logits = logits.masked_fill(
+                torch.empty_like(cut).scatter_(1, order, cut), float("-inf")
+            )
+        return logits.softmax(dim=-1)
+
+    @staticmethod
+    def _logprobs(logits, token_ids: list[int], seqs: list[Sequence]) -> list[TokenLogprob | None]:
+        """Log-softmax of the raw logits (before temperature or cuts), as the model sees it."""
+        out: list[TokenLogprob | None] = [None] * len(seqs)
+        rows = [i for i, seq in enumerate(seqs) if seq.params.logprobs is not None]
+        if not rows:
+            return out
+        logprobs = logits[rows].log_softmax(dim=-1)
+        width = max(seqs[i].params.logprobs for i in rows)
+        top_values, top_ids = logprobs.topk(width, dim=-1) if width else (None, None)
+        chosen = logprobs.gather(
+            1, logits.new_tensor([token_ids[i] for i in rows], dtype=torch.long)[:, None]
+        )
+        chosen = chosen[:, 0].tolist()
+        for row, i in enumerate(rows):
+            n = seqs[i].params.logprobs
+            top = []
+            if n:
+                top = list(
+                    zip(top_ids[row, :n].tolist(), top_values[row, :n].tolist(), strict=True)
+                )
+            out[i] = TokenLogprob(token_ids[i], chosen[row], top)
+        return out

@@ -1,0 +1,65 @@
+"""One request as the engine tracks it: its tokens, its KV blocks and its progress."""
+
+import time
+from enum import Enum, auto
+
+import torch
+
+from .sampling_params import SamplingParams
+
+
+class SequenceStatus(Enum):
+    WAITING = auto()  # queued, or preempted and holding no KV blocks
+    RUNNING = auto()  # holds KV blocks for all its tokens but the last
+    FINISHED = auto()
+
+
+class Sequence:
+    """Prompt and completion tokens in one list, so a preempted sequence is recomputed by
+    prefilling that list again; only `num_prompt_tokens` tells the two parts apart."""
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        *,
+        generator: torch.Generator,
+        detokenizer,
+        lora_request=None,
+        arrival_time: float | None = None,
+    ):
+        self.request_id = request_id
+        self.token_ids = list(prompt_token_ids)
+        self.num_prompt_tokens = len(self.token_ids)
+        self.params = params
+        self.lora_request = lora_request  # None is the base model; passed through untouched
+        self.generator = generator
+        self.detokenizer = detokenizer
+        self.status = SequenceStatus.WAITING
+        self.block_table: list[int] = []
+        self.text = ""  # completion text so far
+        self.num_text_sent = 0  # chars of `text` already handed to the caller
+        self.finish_reason: str | None = None
+        self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
+        self.first_scheduled_time: float | None = None
+        self.first_token_time: float | None = None
+        self.last_token_time: float | None = None
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_completion_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def last_token_id(self) -> int:
+        return self.token_ids[-1]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    def __repr__(self) -> str:
+        return f"Sequence({self.request_id!r}, {self.status.name}, {len(self)} tokens)"
