@@ -43,6 +43,8 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "tenants",
     "registry",
+    "inference",
+    "web",
 ]
 
 MIDDLEWARE = [
@@ -97,7 +99,9 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "static"
 STATIC_ROOT.mkdir(exist_ok=True)
-LOGIN_URL = "/admin/login/"
+LOGIN_URL = "/login/"
+LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "/login/"
 
 # Object storage: a local directory by default, S3 (or MinIO) when a bucket is named.
 S3_BUCKET = env.str("LORAPLEX_S3_BUCKET", default="")
@@ -229,3 +233,27 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
 }
+
+# Inference: one engine per `serve` process (see inference/engine_host.py).
+ENGINE_ENABLED = env.bool("LORAPLEX_ENGINE", default=True)
+BASE_MODEL_NAME = env.str("LORAPLEX_BASE_MODEL", default="")
+ENGINE_OPTIONS = {
+    "device": env.str("LORAPLEX_DEVICE", default="auto"),
+    "dtype": env.str("LORAPLEX_DTYPE", default="auto"),
+    "max_model_len": env.int("LORAPLEX_MAX_MODEL_LEN", default=None),
+    "max_num_seqs": env.int("LORAPLEX_MAX_NUM_SEQS", default=64),
+    "kv_cache_bytes": env.int("LORAPLEX_KV_CACHE_BYTES", default=None),
+    "max_loras": env.int("LORAPLEX_MAX_LORAS", default=8),
+    "max_cpu_loras": env.int("LORAPLEX_MAX_CPU_LORAS", default=32),
+    "max_lora_rank": MAX_LORA_RANK,
+    "enable_lora": True,
+}
+PINNED_ADAPTERS = env.list("LORAPLEX_PINNED_ADAPTERS", default=[])  # "tenant/adapter[@alias]"
+DRAIN_SECONDS = env.int("LORAPLEX_DRAIN_SECONDS", default=30)
+RATE_LIMIT_REQUESTS_PER_MINUTE = env.int("LORAPLEX_RATE_LIMIT_RPM", default=600)  # per API key; 0 = off
+RATE_LIMIT_TOKENS_PER_MINUTE = env.int("LORAPLEX_RATE_LIMIT_TPM", default=200_000)  # per tenant; 0 = off
+TENANT_MAX_CONCURRENCY = env.int("LORAPLEX_TENANT_MAX_CONCURRENCY", default=32)  # per process; 0 = off
+MAX_REQUEST_BYTES = env.int("LORAPLEX_MAX_REQUEST_BYTES", default=1024 * 1024)
+OPERATOR_TOKEN = env.str("LORAPLEX_OPERATOR_TOKEN", default="")
+# Operators' admin: the engine processes' operator endpoints (pin/unpin, loaded adapters, metrics).
+ENGINE_URLS = [u.rstrip("/") for u in env.list("LORAPLEX_ENGINE_URLS", default=[])]

@@ -1,18 +1,40 @@
 """Operators' admin for the registry. Every change goes through a service, so it is audited."""
 
 from django.contrib import admin, messages
+from django.db.models import Count
 from django.utils.html import format_html, format_html_join
 
-from . import queue
+from . import engines, queue
 from .errors import RegistryError
 from .models import Adapter, AdapterVersion, Alias, AuditEvent, BaseModel
 from .names import PRODUCTION
 from .services.aliases import alias_set
 from .services.versions import adapter_version_revalidate
 
+# The admin index links to the read-only engines page (registry/admin_engines.py).
+admin.site.index_template = "admin/loraplex_index.html"
+
 
 def admin_actor(request) -> str:
     return f"admin:{request.user.get_username()}"
+
+
+def pin_on_engines(request, lora_names: list[str], *, pinned: bool) -> None:
+    """Ask every engine in LORAPLEX_ENGINE_URLS to (un)pin each adapter; report per engine."""
+    if not engines.engine_urls():
+        messages.error(
+            request,
+            "No engine is configured: set LORAPLEX_ENGINE_URLS (and LORAPLEX_OPERATOR_TOKEN) "
+            "to pin or unpin adapters.",
+        )
+        return
+    verb = "Pinned" if pinned else "Unpinned"
+    for name in lora_names:
+        for result in engines.set_pinned(name, pinned=pinned):
+            if result.ok:
+                messages.success(request, f"{verb} {name} on {result.engine}.")
+            else:
+                messages.error(request, f"{name} on {result.engine}: {result.message}")
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -55,10 +77,57 @@ class AliasInline(admin.TabularInline):
 
 @admin.register(Adapter)
 class AdapterAdmin(ReadOnlyAdmin):
-    list_display = ["name", "tenant", "base_model", "created_by", "created_at"]
+    list_display = [
+        "name",
+        "tenant",
+        "base_model",
+        "version_count",
+        "alias_list",
+        "created_by",
+        "created_at",
+    ]
     list_filter = ["base_model", "tenant"]
     search_fields = ["name", "tenant__slug", "description"]
     inlines = [AliasInline]
+    actions = ["pin", "unpin"]
+
+    def get_queryset(self, request):
+        return (
+            super()
+            .get_queryset(request)
+            .select_related("tenant", "base_model")
+            .prefetch_related("aliases__version")
+            .annotate(n_versions=Count("versions", distinct=True))
+        )
+
+    @admin.display(description="versions", ordering="n_versions")
+    def version_count(self, obj):
+        return obj.n_versions
+
+    @admin.display(description="aliases")
+    def alias_list(self, obj):
+        return ", ".join(f"{a.name}→v{a.version.number}" for a in obj.aliases.all()) or "–"
+
+    def _production_names(self, request, queryset) -> list[str]:
+        names = []
+        for adapter in queryset.select_related("tenant"):
+            production = adapter.aliases.filter(name=PRODUCTION).select_related("adapter__tenant")
+            if production:
+                names.append(engines.lora_name_of_alias(production[0]))
+            else:
+                messages.warning(
+                    request,
+                    f"{adapter}: no '{PRODUCTION}' alias; pin one of its versions or aliases instead.",
+                )
+        return names
+
+    @admin.action(description="Pin the production alias on the engines (kept loaded)")
+    def pin(self, request, queryset):
+        pin_on_engines(request, self._production_names(request, queryset), pinned=True)
+
+    @admin.action(description="Unpin the production alias on the engines")
+    def unpin(self, request, queryset):
+        pin_on_engines(request, self._production_names(request, queryset), pinned=False)
 
 
 @admin.register(AdapterVersion)
@@ -83,7 +152,10 @@ class AdapterVersionAdmin(ReadOnlyAdmin):
     search_fields = ["adapter__name", "adapter__tenant__slug", "weights_sha256", "uid"]
     readonly_fields = ["readable_report"]
     exclude = ["report"]
-    actions = ["revalidate", "restage", "promote"]
+    actions = ["revalidate", "restage", "promote", "pin", "unpin"]
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).select_related("adapter__tenant")
 
     @admin.display(description="validation report")
     def readable_report(self, obj):
@@ -140,12 +212,36 @@ class AdapterVersionAdmin(ReadOnlyAdmin):
             except RegistryError as exc:
                 messages.error(request, f"{version}: {exc.message}")
 
+    @admin.action(description="Pin selected ready versions on the engines (kept loaded)")
+    def pin(self, request, queryset):
+        ready = queryset.filter(status=AdapterVersion.READY)
+        for version in queryset.exclude(status=AdapterVersion.READY):
+            messages.warning(request, f"{version} is {version.status}; only ready versions load.")
+        pin_on_engines(request, [engines.lora_name_of_version(v) for v in ready], pinned=True)
+
+    @admin.action(description="Unpin selected versions on the engines")
+    def unpin(self, request, queryset):
+        names = [engines.lora_name_of_version(v) for v in queryset]
+        pin_on_engines(request, names, pinned=False)
+
 
 @admin.register(Alias)
 class AliasAdmin(ReadOnlyAdmin):
     list_display = ["adapter", "name", "version", "weight", "updated_by", "updated_at"]
     list_filter = ["name", "adapter__tenant"]
     search_fields = ["adapter__name", "name", "adapter__tenant__slug"]
+    actions = ["pin", "unpin"]
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).select_related("adapter__tenant", "version")
+
+    @admin.action(description="Pin selected aliases on the engines (kept loaded)")
+    def pin(self, request, queryset):
+        pin_on_engines(request, [engines.lora_name_of_alias(a) for a in queryset], pinned=True)
+
+    @admin.action(description="Unpin selected aliases on the engines")
+    def unpin(self, request, queryset):
+        pin_on_engines(request, [engines.lora_name_of_alias(a) for a in queryset], pinned=False)
 
 
 @admin.register(AuditEvent)

@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
 # The embedded default: SQLite, filesystem broker, local object store, all under
-# LORAPLEX_VAR_DIR. Runs the web server and a real Celery worker in the foreground;
-# Ctrl-C stops both.
+# LORAPLEX_VAR_DIR; the engine in-process on CPU with the bundled SmolLM2. Runs the server
+# and a real Celery worker (with beat) in the foreground; Ctrl-C stops both.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 HOST=${HOST:-127.0.0.1}
 PORT=${PORT:-8000}
+PY="$VENV/bin/python"
 
-"$VENV/bin/python" manage.py migrate --noinput
+"$PY" manage.py migrate --noinput
 # The bundled SmolLM2 base model: converted and registered once, a no-op afterwards.
-"$VENV/bin/python" manage.py import_base_model --preset smollm2-135m-instruct
-DEMO=$("$VENV/bin/python" manage.py bootstrap_demo)
+"$PY" manage.py import_base_model --preset smollm2-135m-instruct
+DEMO=$("$PY" manage.py bootstrap_demo)
 echo "$DEMO"
 KEY=$(echo "$DEMO" | tail -n 1)
+"$PY" manage.py demo_adapters
 
 # -B: the same process runs Celery beat, which schedules the registry's periodic sweep.
 "$VENV/bin/celery" -A platform_site worker -B -P solo --loglevel INFO &
@@ -22,9 +24,20 @@ trap 'kill -TERM "$WORKER" 2>/dev/null || true; wait "$WORKER" 2>/dev/null || tr
 
 cat <<BANNER
 
-Loraplex is starting on http://$HOST:$PORT/
-  curl -H "Authorization: Bearer $KEY" http://$HOST:$PORT/api/v1/tenant/
-  API docs: http://$HOST:$PORT/api/docs/    admin: http://$HOST:$PORT/admin/
+Loraplex is starting on http://$HOST:$PORT/  (web UI sign-in and API docs: see README)
+
+  curl http://$HOST:$PORT/v1/chat/completions \\
+    -H "Authorization: Bearer $KEY" -H "Content-Type: application/json" \\
+    -d '{"model": "demo-all", "messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 32}'
+
+  $PY - <<'PY'
+from openai import OpenAI
+client = OpenAI(base_url="http://$HOST:$PORT/v1", api_key="$KEY")
+for model in ("smollm2-135m-instruct", "demo-all"):
+    reply = client.chat.completions.create(model=model, max_tokens=32,
+        messages=[{"role": "user", "content": "What is the capital of France?"}])
+    print(model, "->", reply.choices[0].message.content)
+PY
 
 BANNER
-"$VENV/bin/uvicorn" platform_site.asgi:application --host "$HOST" --port "$PORT"
+"$PY" manage.py serve --host "$HOST" --port "$PORT"

@@ -1,8 +1,9 @@
 """Operators' admin. The key's secret is never stored, so it can never be shown here."""
 
 from django.contrib import admin, messages
+from django.db.models import Count, Q
 
-from .models import ApiKey, Membership, Tenant
+from .models import ApiKey, Membership, Tenant, UsageRecord
 from .services import api_key_revoke, tenant_set_active
 
 
@@ -14,11 +15,36 @@ class MembershipInline(admin.TabularInline):
 
 @admin.register(Tenant)
 class TenantAdmin(admin.ModelAdmin):
-    list_display = ["slug", "name", "is_active", "created_at"]
+    list_display = ["slug", "name", "is_active", "members", "adapters", "live_keys", "created_at"]
     list_filter = ["is_active"]
     search_fields = ["slug", "name"]
     inlines = [MembershipInline]
     actions = ["suspend", "reactivate"]
+
+    def get_queryset(self, request):
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(
+                n_members=Count("memberships", distinct=True),
+                n_adapters=Count("adapters", distinct=True),
+                n_live_keys=Count(
+                    "api_keys", filter=Q(api_keys__revoked_at__isnull=True), distinct=True
+                ),
+            )
+        )
+
+    @admin.display(ordering="n_members")
+    def members(self, obj):
+        return obj.n_members
+
+    @admin.display(ordering="n_adapters")
+    def adapters(self, obj):
+        return obj.n_adapters
+
+    @admin.display(description="unrevoked keys", ordering="n_live_keys")
+    def live_keys(self, obj):
+        return obj.n_live_keys
 
     @admin.action(description="Suspend selected tenants (their keys stop working)")
     def suspend(self, request, queryset):
@@ -47,7 +73,9 @@ class ApiKeyAdmin(admin.ModelAdmin):
         "name",
         "tenant",
         "prefix",
+        "state",
         "scopes",
+        "created_by",
         "created_at",
         "last_used_at",
         "expires_at",
@@ -62,8 +90,47 @@ class ApiKeyAdmin(admin.ModelAdmin):
     def has_add_permission(self, request):
         return False  # keys are created where the secret can be shown once: the API or a command
 
+    def get_queryset(self, request):
+        return super().get_queryset(request).select_related("tenant", "created_by")
+
+    @admin.display(description="state")
+    def state(self, obj):
+        return "revoked" if obj.is_revoked else "expired" if obj.is_expired else "active"
+
     @admin.action(description="Revoke selected API keys")
     def revoke(self, request, queryset):
         for api_key in queryset:
             api_key_revoke(api_key=api_key, actor=f"admin:{request.user.get_username()}")
         messages.success(request, f"Revoked {queryset.count()} key(s).")
+
+
+@admin.register(UsageRecord)
+class UsageRecordAdmin(admin.ModelAdmin):
+    """Metered requests, read-only: the meter writes them, nobody edits them."""
+
+    list_display = [
+        "created_at",
+        "tenant",
+        "model",
+        "adapter_version",
+        "endpoint",
+        "status",
+        "prompt_tokens",
+        "completion_tokens",
+        "ttft_ms",
+        "duration_ms",
+        "api_key",
+    ]
+    list_filter = ["status", "endpoint", "tenant"]
+    search_fields = ["model", "tenant__slug", "api_key__prefix"]
+    date_hierarchy = "created_at"
+    list_select_related = ["tenant", "api_key", "adapter_version__adapter__tenant"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False

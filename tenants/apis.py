@@ -11,9 +11,10 @@ from rest_framework.views import APIView
 
 from .authentication import TenantScope
 from .principal import principal_for_request
-from .scopes import ALL_SCOPES, KEYS_WRITE
+from .scopes import ALL_SCOPES, KEYS_WRITE, REGISTRY_READ
 from .selectors import api_key_get, api_key_list
 from .services import api_key_create, api_key_revoke
+from .usage import GROUPINGS, usage_summary
 
 
 def raise_drf(exc: DjangoValidationError):
@@ -109,3 +110,38 @@ class ApiKeyDetailApi(APIView):
         api_key = api_key_get(tenant=principal.tenant, key_id=key_id)
         revoked = api_key_revoke(api_key=api_key, actor=principal.label)
         return Response(ApiKeyOutputSerializer(revoked).data)
+
+
+class UsageApi(APIView):
+    """Tokens and requests for the caller's tenant over a period, by adapter or by day."""
+
+    permission_classes = [TenantScope]
+    required_scopes = {"*": REGISTRY_READ}
+
+    class UsageQuerySerializer(serializers.Serializer):
+        start = serializers.DateTimeField(required=False)
+        end = serializers.DateTimeField(required=False)
+        group_by = serializers.ChoiceField(choices=GROUPINGS, default="adapter")
+
+        def validate(self, data):
+            data.setdefault("end", timezone.now())
+            data.setdefault("start", data["end"] - timedelta(days=30))
+            if data["start"] >= data["end"]:
+                raise serializers.ValidationError({"start": "start must be before end."})
+            return data
+
+    class UsageOutputSerializer(serializers.Serializer):
+        group_by = serializers.ChoiceField(choices=GROUPINGS)
+        data = serializers.ListField(
+            child=serializers.DictField(),
+            help_text="Rows with adapter or day, requests, prompt/completion/total tokens.",
+        )
+
+    @extend_schema(
+        parameters=[UsageQuerySerializer], responses=UsageOutputSerializer, summary="Usage of the caller's tenant"
+    )
+    def get(self, request):
+        params = self.UsageQuerySerializer(data=request.query_params)
+        params.is_valid(raise_exception=True)
+        rows = usage_summary(tenant=principal_for_request(request).tenant, **params.validated_data)
+        return Response({"group_by": params.validated_data["group_by"], "data": rows})

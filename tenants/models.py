@@ -72,3 +72,31 @@ class ApiKey(models.Model):
 
     def has_scope(self, scope: str) -> bool:
         return scope in self.scopes
+
+
+class UsageRecord(models.Model):
+    """One inference request, metered: written off the request path, in batches."""
+
+    OK, ERROR, ABORTED = "ok", "error", "aborted"
+    STATUS_CHOICES = [(OK, "OK"), (ERROR, "Error"), (ABORTED, "Aborted")]
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="usage")
+    api_key = models.ForeignKey(ApiKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    adapter_version = models.ForeignKey(
+        "registry.AdapterVersion", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    model = models.CharField(max_length=200, help_text="The model name as the client sent it.")
+    endpoint = models.CharField(max_length=32)
+    prompt_tokens = models.PositiveIntegerField(default=0)
+    completion_tokens = models.PositiveIntegerField(default=0)
+    ttft_ms = models.PositiveIntegerField(null=True, blank=True)
+    duration_ms = models.PositiveIntegerField(default=0)
+    status = models.CharField(max_length=16, choices=STATUS_CHOICES, default=OK)
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["tenant", "created_at"], name="usage_tenant_time")]
+
+    def __str__(self):
+        return f"{self.tenant} {self.model} {self.prompt_tokens}+{self.completion_tokens}"

@@ -1,0 +1,14 @@
+from django.apps import AppConfig
+
+
+class InferenceConfig(AppConfig):
+    """Django glue around the engine. `inference.engine` itself never imports Django."""
+
+    name = "inference"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self):
+        from .engine_host import HOST
+        from .metrics import REGISTRY, EngineCollector
+
+        REGISTRY.register(EngineCollector(HOST.stats))

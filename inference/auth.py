@@ -1,0 +1,37 @@
+"""Who calls the OpenAI-compatible API: a Bearer key with the `inference` scope, or a signed-in
+member (the web playground) whose request carries the CSRF token.
+
+The OpenAI endpoints are CSRF-exempt because API clients send no cookies; a session
+caller therefore gets the CSRF check here, exactly as DRF does for its session auth.
+"""
+
+from django.middleware.csrf import CsrfViewMiddleware
+
+from tenants.keyauth import KeyRejected, api_key_from_header
+from tenants.principal import SESSION_TENANT, TENANT_HEADER, Principal, principal_for
+from tenants.scopes import INFERENCE
+from tenants.services import api_key_touch
+
+
+class _CsrfCheck(CsrfViewMiddleware):
+    def _reject(self, request, reason):
+        return reason
+
+
+def inference_principal(request, *, scope: str = INFERENCE) -> Principal:
+    """Runs in a thread (it reads the database). Raises KeyRejected with status and code."""
+    header = request.META.get("HTTP_AUTHORIZATION")
+    user = getattr(request, "user", None)
+    if not header and user is not None and user.is_authenticated:
+        reason = _CsrfCheck(lambda r: None).process_view(request, None, (), {})
+        if reason:
+            raise KeyRejected(403, "csrf_failed", f"CSRF check failed: {reason}.")
+        slug = request.META.get(TENANT_HEADER) or request.session.get(SESSION_TENANT)
+        principal = principal_for(user=user, tenant_slug=slug)
+    else:
+        api_key = api_key_from_header(header)
+        api_key_touch(api_key=api_key)
+        principal = principal_for(api_key=api_key)
+    if not principal.has_scope(scope):
+        raise KeyRejected(403, "insufficient_scope", principal.missing_scope_message(scope))
+    return principal

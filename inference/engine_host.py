@@ -1,0 +1,125 @@
+"""One engine per process, shared by every request: the bridge between Django and the engine.
+
+`serve` starts it before taking traffic (so /readyz tells the truth); a control-plane-only
+replica runs with LORAPLEX_ENGINE=off and never loads a model. Adapters reach the engine
+as LoRARequests naming a staged folder; on a cache miss the engine calls `_fetch_adapter`
+(off its step thread), which stages the version from object storage once.
+"""
+
+import logging
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from django.conf import settings
+
+from platform_site.health import READINESS_CHECKS
+
+logger = logging.getLogger(__name__)
+
+
+class EngineUnavailable(Exception):
+    """No engine in this process: turned off, no base model imported, or it failed to start."""
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    name: str
+    revision: str
+    path: Path
+
+
+class EngineHost:
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.engine = None  # AsyncLLMEngine once started
+        self.model: ServedModel | None = None
+        self.error: str | None = None
+
+    @property
+    def started(self) -> bool:
+        return self.engine is not None
+
+    def get(self):
+        """The running engine, starting it on first use."""
+        if self.engine is None:
+            self.start()
+        return self.engine
+
+    def start(self):
+        with self._lock:
+            if self.engine is not None:
+                return self.engine
+            if not settings.ENGINE_ENABLED:
+                raise EngineUnavailable("This replica serves the control plane only (LORAPLEX_ENGINE=off).")
+            try:
+                self.engine, self.model = _build_engine()
+                self.error = None
+            except EngineUnavailable as exc:
+                self.error = str(exc)
+                raise
+            except Exception as exc:  # a broken model folder must not look like a healthy replica
+                logger.exception("the engine failed to start")
+                self.error = f"{type(exc).__name__}: {exc}"
+                raise EngineUnavailable(f"The engine failed to start: {self.error}") from exc
+            return self.engine
+
+    def stats(self) -> dict | None:
+        return self.engine.stats() if self.engine is not None else None
+
+    def shutdown(self, timeout: float = 30.0):
+        with self._lock:
+            engine, self.engine = self.engine, None
+        if engine is not None:
+            engine.shutdown(timeout)
+
+
+def _build_engine():
+    from inference.engine.async_engine import AsyncLLMEngine
+    from inference.engine.config import EngineConfig
+    from inference.engine.llm_engine import LLMEngine
+    from registry.selectors import base_model_served
+
+    base = base_model_served()
+    if base is None:
+        raise EngineUnavailable(
+            "No base model is imported: run `manage.py import_base_model --preset smollm2-135m-instruct`."
+        )
+    if settings.BASE_MODEL_NAME and base.name != settings.BASE_MODEL_NAME:
+        raise EngineUnavailable(
+            f"LORAPLEX_BASE_MODEL is {settings.BASE_MODEL_NAME!r} but the served base model is {base.name!r}."
+        )
+    config = EngineConfig(model=base.local_path, **settings.ENGINE_OPTIONS)
+    engine = AsyncLLMEngine(LLMEngine(config, lora_loader=_fetch_adapter))
+    logger.info("engine started: %s (%s) on %s", base.name, base.revision[:12], config.device)
+    return engine, ServedModel(name=base.name, revision=base.revision, path=Path(base.local_path))
+
+
+def _fetch_adapter(lora_request) -> Path:
+    """The engine's loader callback: stage a version that is not on local disk yet."""
+    from django.db import close_old_connections
+
+    from registry.models import AdapterVersion
+    from registry.staging import ensure_staged
+
+    close_old_connections()  # runs on an engine loader thread, outside any request
+    try:
+        return ensure_staged(AdapterVersion.objects.get(uid=lora_request.adapter_id))
+    finally:
+        close_old_connections()
+
+
+HOST = EngineHost()
+
+
+def check_engine() -> None:
+    if HOST.engine is None:
+        raise EngineUnavailable(HOST.error or "the engine has not started")
+    if not HOST.engine.is_alive():
+        raise EngineUnavailable("the engine's step loop has stopped")
+
+
+def host_engine_in_this_process():
+    """Called by `serve` when this process hosts the engine: /readyz now includes it."""
+    READINESS_CHECKS["engine"] = check_engine
+    return HOST.start()

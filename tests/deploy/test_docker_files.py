@@ -1,0 +1,127 @@
+"""docker/ and .env.example, checked by reading them (Docker does not run on CI machines):
+every setting is documented, the example values load, and the compose topology is whole."""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+ENV_EXAMPLE = ROOT / ".env.example"
+COMPOSE = ROOT / "docker" / "compose.yaml"
+DOCKERFILE = ROOT / "docker" / "Dockerfile"
+
+
+def env_example() -> dict[str, str]:
+    """The active KEY=VALUE lines."""
+    values = {}
+    for line in ENV_EXAMPLE.read_text().splitlines():
+        if line and not line.startswith("#"):
+            key, sep, value = line.partition("=")
+            assert sep and re.fullmatch(r"[A-Z][A-Z0-9_]*", key), line
+            assert " #" not in value, f"no inline comments on active lines: {line}"
+            values[key] = value
+    return values
+
+
+def documented() -> set[str]:
+    """Every variable named in .env.example, set or shown commented with its default."""
+    return set(re.findall(r"^#? ?([A-Z][A-Z0-9_]*)=", ENV_EXAMPLE.read_text(), re.M))
+
+
+def test_every_setting_and_every_readme_variable_is_in_the_env_example():
+    settings_vars = set(
+        re.findall(
+            r'env\.\w+\(\s*"([A-Z][A-Z0-9_]*)"', (ROOT / "platform_site/settings.py").read_text()
+        )
+    )
+    readme = (ROOT / "README.md").read_text()
+    table = readme[readme.index("## Configuration") :]
+    table = table[: table.index("\n## ", 3)]
+    readme_vars = {
+        v
+        for row in re.findall(r"^\| (`.*?) \|", table, re.M)
+        for v in re.findall(r"`([A-Z][A-Z0-9_]*)`", row)
+    }
+    inference = {
+        "LORAPLEX_ENGINE",
+        "LORAPLEX_BASE_MODEL",
+        "LORAPLEX_DEVICE",
+        "LORAPLEX_DTYPE",
+        "LORAPLEX_MAX_MODEL_LEN",
+        "LORAPLEX_MAX_NUM_SEQS",
+        "LORAPLEX_KV_CACHE_BYTES",
+        "LORAPLEX_MAX_LORAS",
+        "LORAPLEX_MAX_CPU_LORAS",
+        "LORAPLEX_PINNED_ADAPTERS",
+        "LORAPLEX_DRAIN_SECONDS",
+    }
+    assert len(settings_vars) > 40 and readme_vars
+    missing = (settings_vars | readme_vars | inference) - documented()
+    assert not missing, f"add to .env.example: {sorted(missing)}"
+
+
+def test_the_example_values_load_in_production_mode(tmp_path):
+    env = {
+        "PATH": os.environ["PATH"],
+        **env_example(),
+        "LORAPLEX_VAR_DIR": str(tmp_path),
+        "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}",
+        "CELERY_BROKER_URL": "redis://127.0.0.1:6379/0",
+    }
+    result = subprocess.run(
+        [sys.executable, "manage.py", "check"], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+    assert env["LORAPLEX_ENV"] == "production"
+
+
+@pytest.fixture(scope="module")
+def compose():
+    return yaml.safe_load(COMPOSE.read_text())
+
+
+def test_compose_runs_the_whole_topology_with_health_checks_and_volumes(compose):
+    services = compose["services"]
+    assert set(services) == {"postgres", "redis", "minio", "init", "web", "worker", "engine"}
+    for name in ("postgres", "redis", "minio", "web", "worker", "engine"):
+        assert "healthcheck" in services[name], name
+    for name in ("web", "engine"):
+        assert "/readyz" in " ".join(services[name]["healthcheck"]["test"])
+        assert services[name]["command"][:3] == ["python", "manage.py", "serve"]
+    assert services["web"]["environment"]["LORAPLEX_ENGINE"] == "off"
+    assert services["engine"]["environment"]["LORAPLEX_ENGINE"] == "on"
+    assert services["web"]["environment"]["LORAPLEX_ENGINE_URLS"] == "http://engine:8000"
+    assert services["worker"]["command"][:5] == ["celery", "-A", "platform_site", "worker", "-B"]
+    for name in ("web", "worker", "engine"):
+        assert services[name]["depends_on"]["init"]["condition"] == "service_completed_successfully"
+    assert set(compose["volumes"]) == {
+        "postgres-data",
+        "redis-data",
+        "minio-data",
+        "models",
+        "adapter-cache",
+    }
+    shares = {v.split(":")[0] for v in services["engine"]["volumes"]}
+    assert shares == {"models", "adapter-cache"}  # what init imports and the worker stages
+    assert "driver: nvidia" in COMPOSE.read_text()  # the GPU reservation, commented for CPU hosts
+
+
+def test_the_commands_in_docker_files_exist():
+    from django.core.management import get_commands
+
+    commands = get_commands()
+    for name in ("serve", "migrate", "import_base_model", "collectstatic"):
+        assert name in commands, name
+    text = DOCKERFILE.read_text()
+    assert "ARG BASE_IMAGE=" in text and "FROM ${BASE_IMAGE}" in text
+    for copied in ("requirements.txt", "constraints.txt"):
+        assert (ROOT / copied).is_file()
+    init = ROOT / "docker" / "init.sh"
+    assert subprocess.run(["bash", "-n", str(init)]).returncode == 0
+    for command in ("migrate", "import_base_model"):
+        assert f"manage.py {command}" in init.read_text()

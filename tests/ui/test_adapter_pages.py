@@ -1,0 +1,180 @@
+"""The adapters list and one adapter's page show what the registry holds, for the right tenant."""
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from registry.models import Alias, AuditEvent
+from registry.services.adapters import adapter_create
+from registry.services.aliases import alias_set
+from tenants.models import UsageRecord
+from tests.ui.conftest import ALICE_ACTOR, make_version, page
+
+pytestmark = pytest.mark.django_db
+
+
+def usage(tenant, version, *, hours_ago=0, model="support-bot"):
+    return UsageRecord.objects.create(
+        tenant=tenant,
+        adapter_version=version,
+        model=model,
+        endpoint="chat",
+        prompt_tokens=10,
+        completion_tokens=5,
+        created_at=timezone.now() - timedelta(hours=hours_ago),
+    )
+
+
+def test_anonymous_visitors_are_sent_to_sign_in(client):
+    response = client.get("/adapters/")
+    assert response.status_code == 302
+    assert response["Location"].startswith("/login/?next=/adapters/")
+
+
+def test_signing_in_leads_to_the_adapters(client, alice, tenant_a):
+    response = client.post(
+        "/login/", {"username": "alice@example.com", "password": "alice-password-1"}, follow=True
+    )
+    assert response.redirect_chain[-1][0] == "/adapters/"
+    assert "Tenant A" in page(response)
+
+
+def test_a_wrong_password_is_refused_with_a_message(client, alice, tenant_a):
+    response = client.post("/login/", {"username": "alice@example.com", "password": "nope"})
+    assert response.status_code == 200
+    assert "did not match" in page(response)
+
+
+def test_the_list_shows_latest_version_aliases_and_last_days_requests(
+    signed_in, alice, adapter, good_adapter_dir, second_adapter_dir
+):
+    v1 = make_version(adapter, good_adapter_dir)
+    make_version(adapter, second_adapter_dir)
+    alias_set(adapter=adapter, name="production", version_number=1, actor=ALICE_ACTOR)
+    for _ in range(3):
+        usage(adapter.tenant, v1, hours_ago=1)
+    usage(adapter.tenant, v1, hours_ago=30)  # older than a day: not counted
+    adapter_create(tenant=adapter.tenant, name="empty-one", actor=ALICE_ACTOR)
+
+    html = page(signed_in(alice).get("/adapters/"))
+
+    row = html[html.index('data-adapter="support-bot"') :]
+    row = row[: row.index("</tr>")]
+    assert "v2" in row and "status-ready" in row
+    assert "production → v1" in row
+    assert '<td class="num">3</td>' in row
+    assert "no version yet" in html[html.index('data-adapter="empty-one"') :]
+
+
+def test_the_adapter_page_shows_versions_reports_aliases_and_the_audit_trail(
+    signed_in, alice, adapter, good_adapter_dir
+):
+    make_version(adapter, good_adapter_dir)
+    rejected = make_version(adapter, good_adapter_dir, weights=b"this is not a safetensors file")
+    alias_set(adapter=adapter, name="production", version_number=1, actor=ALICE_ACTOR)
+
+    html = page(signed_in(alice).get("/adapters/support-bot/"))
+
+    assert rejected.status == "rejected"
+    assert 'data-version="2"' in html and "status-rejected" in html
+    failed = [c for c in rejected.report if not c["passed"]]
+    assert failed and all(c["message"] in html for c in failed)
+    assert "support-bot@production" in html
+    assert "<code>alias.set</code> support-bot@production" in html
+    assert "<code>version.upload</code> support-bot/v1" in html
+    assert "Upload a new version" in html  # alice is the owner
+
+
+def test_the_status_partial_polls_until_the_version_is_final(
+    signed_in, alice, adapter, good_adapter_dir
+):
+    from registry.services.versions import adapter_version_create
+
+    with (
+        open(good_adapter_dir / "adapter_config.json", "rb") as c,
+        open(good_adapter_dir / "adapter_model.safetensors", "rb") as w,
+    ):
+        version, _ = adapter_version_create(adapter=adapter, config=c, weights=w, actor="t")
+    client = signed_in(alice)
+    url = "/adapters/support-bot/versions/1/status/"
+
+    pending = page(client.get(url))
+    assert 'data-status="pending"' in pending and 'hx-trigger="every 1s"' in pending
+
+    from registry.services.versions import adapter_version_validate
+
+    adapter_version_validate(version_id=version.pk)
+    ready = page(client.get(url))
+    assert 'data-status="ready"' in ready and "hx-trigger" not in ready
+
+
+def test_promote_points_production_at_a_ready_version_and_audits_it(
+    signed_in, alice, adapter, good_adapter_dir
+):
+    make_version(adapter, good_adapter_dir)
+    response = signed_in(alice).post(
+        "/adapters/support-bot/aliases/production/", {"version": 1}, follow=True
+    )
+    assert "support-bot@production now serves v1" in page(response)
+    alias = Alias.objects.get(adapter=adapter, name="production")
+    assert alias.version.number == 1 and alias.updated_by == "user:alice@example.com"
+    assert AuditEvent.objects.filter(verb="alias.set", actor="user:alice@example.com").exists()
+
+
+def test_rollback_points_the_alias_back_where_it_was(
+    signed_in, alice, adapter, good_adapter_dir, second_adapter_dir
+):
+    make_version(adapter, good_adapter_dir)
+    make_version(adapter, second_adapter_dir)
+    client = signed_in(alice)
+    client.post("/adapters/support-bot/aliases/production/", {"version": 1})
+    client.post("/adapters/support-bot/aliases/production/", {"version": 2})
+
+    html = page(client.get("/adapters/support-bot/"))
+    assert "Roll back to v1" in html
+
+    client.post("/adapters/support-bot/aliases/production/", {"version": 1})
+    assert Alias.objects.get(name="production").version.number == 1
+
+
+def test_a_canary_takes_its_weight_and_a_bad_weight_is_explained(
+    signed_in, alice, adapter, good_adapter_dir, second_adapter_dir
+):
+    make_version(adapter, good_adapter_dir)
+    make_version(adapter, second_adapter_dir)
+    client = signed_in(alice)
+
+    client.post("/adapters/support-bot/aliases/canary/", {"version": 2, "weight": 15})
+    assert Alias.objects.get(name="canary").weight == 15
+
+    response = client.post(
+        "/adapters/support-bot/aliases/canary/", {"version": 2, "weight": 150}, follow=True
+    )
+    assert "weight" in page(response) and "less than or equal to 100" in page(response)
+    assert Alias.objects.get(name="canary").weight == 15
+
+
+def test_promoting_a_rejected_version_is_refused_with_the_reason(
+    signed_in, alice, adapter, good_adapter_dir
+):
+    make_version(adapter, good_adapter_dir, weights=b"garbage")
+    response = signed_in(alice).post(
+        "/adapters/support-bot/aliases/production/", {"version": 1}, follow=True
+    )
+    assert "v1 is rejected" in page(response)
+    assert not Alias.objects.exists()
+
+
+def test_creating_an_adapter_leads_to_its_upload_page(signed_in, alice, tenant_a, base_model):
+    response = signed_in(alice).post("/adapters/", {"name": "new-bot", "description": "d"})
+    assert response.status_code == 302 and response["Location"] == "/adapters/new-bot/upload/"
+    upload = page(signed_in(alice).get("/adapters/new-bot/upload/"))
+    assert 'data-api-url="/api/v1/adapters/new-bot/versions/"' in upload
+
+
+def test_a_bad_adapter_name_is_refused_with_the_rule(signed_in, alice, tenant_a, base_model):
+    response = signed_in(alice).post("/adapters/", {"name": "Bad Name!"})
+    assert response.status_code == 400
+    assert "lowercase letters" in page(response)
+    assert 'value="Bad Name!"' in page(response)  # what was typed is kept
