@@ -37,14 +37,3 @@ def usage_summary(*, tenant: Tenant, start: datetime, end: datetime, group_by: s
         for row in rows
     ]
 
-
-def usage_by_day_and_model(*, tenant: Tenant, start: datetime, end: datetime) -> list[dict]:
-    """(day, model, tokens) rows: what a per-adapter daily chart draws."""
-    rows = (
-        UsageRecord.objects.filter(tenant=tenant, created_at__gte=start, created_at__lt=end)
-        .annotate(day=TruncDate("created_at"))
-        .values("day", "model")
-        .annotate(tokens=Sum(F("prompt_tokens") + F("completion_tokens")), requests=Count("id"))
-        .order_by("day", "model")
-    )
-    return list(rows)
