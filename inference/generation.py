@@ -102,7 +102,7 @@ async def _prepare(request, kind: str) -> Prepared:
         )
     max_tokens = parsed.max_tokens if parsed.max_tokens is not None else room
     if max_tokens > room:
-        param = "max_completion_tokens" if kind == "chat" else "max_tokens"
+        param = parsed.max_tokens_param
         raise ApiFailure(400, "context_length_exceeded",
                          f"{param} is {max_tokens} but the prompt ({len(prompt_ids)} tokens) leaves room "
                          f"for {room} in this model's {llm.max_seq_len}-token context.", param=param)

@@ -54,6 +54,7 @@ class GenerationRequest:
     messages: list[dict] | None = None
     prompt: str | list[int] | None = None
     max_tokens: int | None = None  # None: up to the end of the context
+    max_tokens_param: str = "max_tokens"  # the name the client used, for error messages
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
@@ -91,6 +92,7 @@ def parse_chat_request(body: dict) -> GenerationRequest:
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     param = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
     request.max_tokens = _optional_positive_int(max_tokens, param)
+    request.max_tokens_param = param
     logprobs = body.get("logprobs")
     if logprobs not in (None, True, False):
         raise ProtocolError("logprobs must be a boolean.", param="logprobs")

@@ -27,24 +27,22 @@ class ModelNotServable(Exception):
 @dataclass(frozen=True)
 class ResolvedModel:
     requested: str
-    version: object | None  # registry AdapterVersion, None for the base model
+    version: object | None = None  # registry AdapterVersion, None for the base model
+    lora_request: object | None = None  # what the engine gets (None for the base model)
 
-    @property
-    def lora_request(self):
-        """A LoRARequest for the engine (None for the base model)."""
-        from inference.engine.lora import LoRARequest
 
-        if self.version is None:
-            return None
-        v = self.version
-        name = f"{v.adapter.tenant.slug}/{v.adapter.name}:{v.number}"
-        # path None: the engine asks its loader, which stages the version from object storage.
-        return LoRARequest(name=name, adapter_id=str(v.uid), path=None)
+def lora_request_for(version):
+    """Built here, in sync code: it reads the version's adapter and tenant rows."""
+    from inference.engine.lora import LoRARequest
+
+    name = f"{version.adapter.tenant.slug}/{version.adapter.name}:{version.number}"
+    # path None: the engine asks its loader, which stages the version from object storage.
+    return LoRARequest(name=name, adapter_id=str(version.uid), path=None)
 
 
 def resolve_model(*, tenant, name: str, base_model_name: str, roll: float | None = None) -> ResolvedModel:
     if name == base_model_name:
-        return ResolvedModel(requested=name, version=None)
+        return ResolvedModel(requested=name)
     ref = parse_model_name(name)
     if ref is None:
         raise ModelNotFound(name)
@@ -56,4 +54,4 @@ def resolve_model(*, tenant, name: str, base_model_name: str, roll: float | None
         raise ModelNotFound(name) from None
     except NotServable as exc:
         raise ModelNotServable(f"The model '{name}' cannot be served: {exc}") from None
-    return ResolvedModel(requested=name, version=version)
+    return ResolvedModel(requested=name, version=version, lora_request=lora_request_for(version))

@@ -100,7 +100,7 @@ def stop_server(proc: subprocess.Popen):
 @pytest.fixture(scope="module")
 def serve_data(django_db_setup, django_db_blocker, tmp_path_factory):
     """Rows the server reads: two tenants with keys, the tiny base model, one ready adapter."""
-    from registry.models import Adapter, BaseModel
+    from registry.models import Adapter, Alias, BaseModel
     from registry.services.adapters import adapter_create
     from registry.services.aliases import alias_set
     from registry.services.base_models import base_model_import
@@ -118,9 +118,11 @@ def serve_data(django_db_setup, django_db_blocker, tmp_path_factory):
         base, _ = base_model_import(name=BASE_NAME, path=base_dir, serve=True)
         tenant_a = tenant_create(slug="serve-a", name="Serve A")
         tenant_b = tenant_create(slug="serve-b", name="Serve B")
-        _, key_a = api_key_create(tenant=tenant_a, name="all", scopes=["inference", "registry:read"])
+        _, key_a = api_key_create(tenant=tenant_a, name="all", scopes=["inference", "registry:read", "keys:write"])
         _, key_b = api_key_create(tenant=tenant_b, name="all", scopes=["inference", "registry:read"])
         _, key_a_ro = api_key_create(tenant=tenant_a, name="ro", scopes=["registry:read"])
+        short, key_short = api_key_create(tenant=tenant_a, name="short-lived", scopes=["inference"])
+        _, key_limited = api_key_create(tenant=tenant_b, name="limited", scopes=["inference"])
         adapter = adapter_create(tenant=tenant_a, name="pirate", actor="test")
         with open(adapter_dir / "adapter_config.json", "rb") as c, \
                 open(adapter_dir / "adapter_model.safetensors", "rb") as w:
@@ -128,9 +130,11 @@ def serve_data(django_db_setup, django_db_blocker, tmp_path_factory):
         version = adapter_version_validate(version_id=version.pk)
         assert version.status == "ready", version.report
         alias_set(adapter=adapter, name="production", version_number=version.number, actor="test")
-    data = {"tmp": tmp, "base_dir": base_dir, "adapter_dir": adapter_dir, "keys": (key_a, key_b, key_a_ro)}
+    data = {"tmp": tmp, "base_dir": base_dir, "adapter_dir": adapter_dir, "keys": (key_a, key_b, key_a_ro),
+            "key_short": (short.pk, key_short), "key_limited": key_limited}
     yield data
     with django_db_blocker.unblock():
+        Alias.objects.filter(adapter__tenant__slug__in=["serve-a", "serve-b"]).delete()  # PROTECTs versions
         Adapter.objects.filter(tenant__slug__in=["serve-a", "serve-b"]).delete()
         Tenant.objects.filter(slug__in=["serve-a", "serve-b"]).delete()
         base.delete()

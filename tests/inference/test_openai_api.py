@@ -10,8 +10,8 @@ import pytest
 
 from tests.inference.conftest import BASE_NAME, start_server, stop_server
 
-pytestmark = pytest.mark.django_db(transaction=False)
-
+# The server reads rows committed by the module's fixtures; tests change them only over HTTP.
+pytestmark = pytest.mark.django_db
 QUESTION = [{"role": "user", "content": "Say something."}]
 
 
@@ -53,7 +53,9 @@ def test_the_adapter_answers_what_the_engine_gives_for_it_directly(live_engine_s
     from inference.engine.llm_engine import LLMEngine
     from inference.engine.sampling_params import SamplingParams
 
-    engine = LLMEngine(EngineConfig(model=live_engine_server.base_dir, kv_cache_bytes=8 * 1024 * 1024))
+    engine = LLMEngine(
+        EngineConfig(model=live_engine_server.base_dir, kv_cache_bytes=8 * 1024 * 1024, enable_lora=True)
+    )
     prompt = engine.tokenizer.apply_chat_template(QUESTION, add_generation_prompt=True)
     ids = engine.tokenizer.encode(prompt, add_special_tokens=False)
     params = SamplingParams(temperature=0, max_tokens=12)
@@ -104,18 +106,15 @@ def test_another_tenants_adapter_is_404_like_a_missing_one(live_engine_server):
     assert errors[0]["message"].replace("pirate", "X") == errors[1]["message"].replace("no-such-adapter", "X")
 
 
-def test_credentials_are_checked(live_engine_server, django_db_blocker):
-    from tenants.keyauth import api_key_from_header
-    from tenants.services import api_key_create, api_key_revoke
-
+def test_credentials_are_checked(live_engine_server, serve_data):
     with pytest.raises(openai.PermissionDeniedError) as caught:
         greedy_chat_with(live_engine_server, live_engine_server.key_a_no_inference)
     assert caught.value.body["code"] == "insufficient_scope"
-    with django_db_blocker.unblock():
-        tenant = api_key_from_header(f"Bearer {live_engine_server.key_a}").tenant
-        api_key, full = api_key_create(tenant=tenant, name="short-lived", scopes=["inference"])
-        greedy_chat_with(live_engine_server, full)
-        api_key_revoke(api_key=api_key)
+    key_id, full = serve_data["key_short"]
+    greedy_chat_with(live_engine_server, full)
+    revoked = httpx.delete(f"{live_engine_server.url}/api/v1/keys/{key_id}/",
+                           headers={"Authorization": f"Bearer {live_engine_server.key_a}"})
+    assert revoked.status_code == 200, revoked.text
     with pytest.raises(openai.AuthenticationError) as caught:
         greedy_chat_with(live_engine_server, full)
     assert caught.value.body["code"] == "revoked_api_key"
@@ -190,12 +189,8 @@ def test_metrics_expose_engine_and_router_gauges(live_engine_server):
     assert live_engine_server.key_a.split("_")[1] not in text  # no key ids as labels
 
 
-def test_over_the_request_limit_is_429_with_retry_after(serve_data, django_db_blocker):
-    from tenants.models import Tenant
-    from tenants.services import api_key_create
-
-    with django_db_blocker.unblock():  # a fresh key: its per-minute count starts at zero
-        _, key = api_key_create(tenant=Tenant.objects.get(slug="serve-b"), name="limited", scopes=["inference"])
+def test_over_the_request_limit_is_429_with_retry_after(serve_data):
+    key = serve_data["key_limited"]  # used nowhere else: its per-minute count starts at zero
     url, proc, _ = start_server(serve_data["tmp"], {"LORAPLEX_RATE_LIMIT_RPM": "2"})
     try:
         from openai import OpenAI

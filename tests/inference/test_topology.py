@@ -50,9 +50,9 @@ def test_upload_validate_promote_and_serve_across_processes(s3_env, live_worker,
     _, key = api_key_create(tenant=tenant, name="all", scopes=["inference", "registry:read", "registry:write"])
     auth = {"Authorization": f"Bearer {key}"}
 
-    web, web_proc, _ = start_server(tmp_path, {"LORAPLEX_ENGINE": "off"})
+    web, web_proc, _ = start_server(tmp_path, {"LORAPLEX_ENGINE": "off", "LORAPLEX_BASE_MODEL": BASE})
     engine, engine_proc, engine_log = start_server(
-        tmp_path, {"LORAPLEX_ADAPTER_CACHE_DIR": str(tmp_path / "engine-cache")}
+        tmp_path, {"LORAPLEX_ADAPTER_CACHE_DIR": str(tmp_path / "engine-cache"), "LORAPLEX_BASE_MODEL": BASE}
     )
     try:
         assert httpx.get(f"{web}/readyz").json()["checks"] == ["broker", "database"]
