@@ -219,7 +219,7 @@ def main():
         args.model = smollm2_dir()
     var_dir = Path(tempfile.mkdtemp(prefix="loraplex-load-"))
     workload, cold = setup_platform(var_dir, args.model.resolve(), args.adapters, args.tenants)
-    options = {"max_loras": 8, "max_cpu_loras": 32, "max_lora_rank": 16, "max_num_seqs": 64}
+    options = {"max_loras": 8, "max_cpu_loras": 32, "max_lora_rank": 16, "max_num_seqs": 64, "enable_lora": True}
     env = {**os.environ, "LORAPLEX_ENGINE": "on", "LORAPLEX_MAX_LORAS": "8", "LORAPLEX_MAX_CPU_LORAS": "32",
            "LORAPLEX_MAX_LORA_RANK": "16", "LORAPLEX_RATE_LIMIT_RPM": "0", "LORAPLEX_RATE_LIMIT_TPM": "0",
            "LORAPLEX_TENANT_MAX_CONCURRENCY": "0"}

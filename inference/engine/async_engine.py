@@ -4,15 +4,19 @@ Only the step thread touches the LLMEngine's state. Callers validate their reque
 their own thread (errors raise at once), then hand the ready Sequence over through a
 command queue; outputs go back to each caller's event loop with `call_soon_threadsafe`.
 A caller that stops listening (cancelled, closed or dropped its stream) aborts its request.
+The LoRA controls (load, unload, pin) are coroutines whose work travels the same queue, so
+they take effect between steps, never in the middle of one.
 """
 
 import asyncio
 import logging
 import queue
 import threading
+from concurrent.futures import Future
 
 from .errors import DuplicateRequestError, EngineError
 from .llm_engine import LLMEngine
+from .lora import LoRARequest
 from .outputs import RequestOutput
 from .sampling_params import SamplingParams
 
@@ -71,6 +75,8 @@ class AsyncLLMEngine:
         self._lock = threading.Lock()  # guards _streams and _stopped
         self._streams: dict[str, RequestStream] = {}
         self._stopped = False
+        if engine.lora_manager is not None:
+            engine.lora_manager.loader.wakeup = self._wakeup.set  # a finished load may unblock
         self._thread = threading.Thread(target=self._run, name="loraplex-engine-step", daemon=True)
         self._thread.start()
 
@@ -85,10 +91,12 @@ class AsyncLLMEngine:
         sampling_params: SamplingParams | None = None,
         *,
         prompt_token_ids: list[int] | None = None,
-        lora_request=None,
+        lora_request: LoRARequest | None = None,
+        fairness_key: str | None = None,
     ) -> RequestStream:
         """Queue a request and return its stream of deltas. Call it from a coroutine; a bad
-        request raises here, before anything is queued."""
+        request raises here, before anything is queued. If its adapter cannot be loaded, the
+        stream raises AdapterLoadError (whose message names the failed checks)."""
         loop = asyncio.get_running_loop()
         seq = self.engine.make_sequence(
             request_id,
@@ -96,6 +104,7 @@ class AsyncLLMEngine:
             sampling_params,
             prompt_token_ids=prompt_token_ids,
             lora_request=lora_request,
+            fairness_key=fairness_key,
         )
         stream = RequestStream(self, request_id, loop)
         with self._lock:
@@ -118,12 +127,43 @@ class AsyncLLMEngine:
     def stats(self) -> dict:
         return self.engine.stats()
 
+    def is_alive(self) -> bool:
+        """Whether the step thread is running (false once shut down or if it died)."""
+        return self._thread.is_alive() and not self._stopped
+
+    # -- LoRA controls: run on the step thread, between steps --------------------------------
+
+    async def load_lora(self, lora_request: LoRARequest, pin: bool = False) -> None:
+        """Bring an adapter into host memory (and, with `pin`, keep it in a device slot).
+        Returns once it is loaded; raises AdapterLoadError naming the failed checks."""
+        self.engine._check_lora_request(lora_request)
+        await asyncio.wrap_future(self._call(self.engine.load_lora, lora_request, pin))
+
+    async def unload_lora(self, adapter_id: str) -> bool:
+        """True if the adapter was known and is now dropped; refused while requests use it."""
+        return await asyncio.wrap_future(self._call(self.engine.unload_lora, adapter_id))
+
+    async def pin_lora(self, adapter_id: str, pinned: bool = True) -> None:
+        await asyncio.wrap_future(self._call(self.engine.pin_lora, adapter_id, pinned))
+
+    async def list_loras(self) -> list[dict]:
+        return self.engine.list_loras()  # a read under the LoRA manager's lock
+
+    def _call(self, fn, *args) -> Future:
+        future: Future = Future()
+        with self._lock:
+            if self._stopped:
+                raise EngineStoppedError("the engine is shut down")
+            self._send("call", (fn, args, future))
+        return future
+
     def shutdown(self, timeout: float | None = 10.0):
         """Stop the step thread; streams still open end with finish_reason "abort"."""
         with self._lock:
             self._stopped = True
         self._wakeup.set()
         self._thread.join(timeout)
+        self.engine.close()
 
     def _stream_closed(self, request_id: str):
         with self._lock:
@@ -137,8 +177,9 @@ class AsyncLLMEngine:
     # -- the step thread --------------------------------------------------------------------
 
     def _run(self):
+        idle = None  # seconds to wait for a wakeup; None: until a command or load arrives
         while True:
-            self._wakeup.wait()
+            self._wakeup.wait(idle)
             self._wakeup.clear()
             with self._lock:
                 stopped = self._stopped
@@ -147,7 +188,9 @@ class AsyncLLMEngine:
                 for request_id in list(self.engine.requests):
                     self.engine.abort(request_id)
                 self._deliver_all(self.engine.step())
+                self._fail_calls()
                 return
+            idle = None
             if not self.engine.has_unfinished():
                 continue
             in_flight = list(self.engine.requests)
@@ -156,9 +199,15 @@ class AsyncLLMEngine:
             except Exception as e:  # a failing step must not leave callers waiting forever
                 logger.exception("engine step failed; failing the requests in flight")
                 self._fail(in_flight, e)
+                outputs = None
             else:
                 self._deliver_all(outputs)
-            self._wakeup.set()  # keep stepping while work remains
+            if outputs == []:
+                # Nothing could run: requests wait for adapter loads, whose end (or a new
+                # command) sets the wakeup. The timeout only guards against a missed one.
+                idle = 0.1
+            else:
+                self._wakeup.set()  # keep stepping while work remains
 
     def _apply_commands(self):
         while True:
@@ -171,12 +220,34 @@ class AsyncLLMEngine:
                     self.engine.add_sequence(arg)
                 except EngineError as e:
                     self._deliver(arg.request_id, e)
+            elif command == "call":
+                fn, args, future = arg
+                try:
+                    result = fn(*args)
+                except Exception as e:
+                    future.set_exception(e)
+                    continue
+                if isinstance(result, Future):  # load_lora: resolved by a later step
+                    _chain(result, future)
+                else:
+                    future.set_result(result)
             else:
                 self.engine.abort(arg)
 
+    def _fail_calls(self):
+        """After shutdown: calls still queued get an error instead of waiting forever."""
+        while True:
+            try:
+                command, arg = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if command == "call":
+                arg[2].set_exception(EngineStoppedError("the engine is shut down"))
+
     def _deliver_all(self, outputs: list[RequestOutput]):
         for out in outputs:
-            self._deliver(out.request_id, out)
+            # a request that could not be served (its adapter failed to load) raises
+            self._deliver(out.request_id, out if out.error is None else out.error)
 
     def _deliver(self, request_id: str, item):
         with self._lock:
@@ -198,3 +269,15 @@ class AsyncLLMEngine:
             self._deliver(
                 request_id, RuntimeError(f"the engine failed while serving this request: {error!r}")
             )
+
+
+def _chain(source: Future, target: Future):
+    def copy(done: Future):
+        if done.cancelled():
+            target.cancel()
+        elif done.exception() is not None:
+            target.set_exception(done.exception())
+        else:
+            target.set_result(done.result())
+
+    source.add_done_callback(copy)

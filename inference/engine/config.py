@@ -139,9 +139,14 @@ class EngineConfig:
     max_num_seqs: int = 128
     max_num_batched_tokens: int | None = None  # tokens per step; default: max(max_model_len, 2048)
     block_size: int = 16
-    kv_cache_bytes: int | None = None  # KV budget; default 512 MiB on cpu
+    kv_cache_bytes: int | None = None  # KV cache + LoRA slots; default 512 MiB on cpu
     gpu_memory_utilization: float = 0.9  # on cuda without kv_cache_bytes: share of device memory
     seed: int = 0  # seeds requests that give no seed of their own
+    # LoRA: device slots (adapters in one batch), host cache entries, largest rank served
+    enable_lora: bool = False
+    max_loras: int = 4
+    max_cpu_loras: int | None = None  # default: max(4 * max_loras, 16)
+    max_lora_rank: int = 16
     model_config: ModelConfig = field(init=False, repr=False)
 
     def __post_init__(self):
@@ -193,6 +198,20 @@ class EngineConfig:
             )
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ConfigError("gpu_memory_utilization must be in (0, 1]")
+        self._check_lora()
+
+    def _check_lora(self):
+        if self.max_cpu_loras is None:
+            self.max_cpu_loras = max(4 * self.max_loras, 16)
+        for name in ("max_loras", "max_cpu_loras", "max_lora_rank"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        if self.max_cpu_loras < self.max_loras:
+            raise ConfigError(
+                f"max_cpu_loras {self.max_cpu_loras} must be at least max_loras {self.max_loras}: "
+                f"host memory caches at least the adapters the device slots can hold"
+            )
 
     @property
     def torch_dtype(self) -> torch.dtype:

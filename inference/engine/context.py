@@ -1,8 +1,7 @@
 """What one forward pass needs to know about its batch, beyond the token ids.
 
 The model runner builds a ForwardContext per step and sets it for the duration of the
-forward; attention reads it (and, later, LoRA layers read their per-token adapter slots
-from it). It is thread-local so two engines in one process cannot see each other's batch.
+forward; attention reads it, and LoRA layers read their per-token adapter slots from it. It is thread-local so two engines in one process cannot see each other's batch.
 """
 
 import threading
@@ -30,6 +29,8 @@ class ForwardContext:
     # sequence, rebuilt from the cache when `refresh` is set, else extended by the new token
     decode_buffer_len: int | None = None
     refresh_decode_buffers: bool = True
+    # the batch's adapters (a lora.LoRAStep); None when no token uses one, so LoRA costs nothing
+    lora: object | None = None
 
 
 def get_forward_context() -> ForwardContext:

@@ -32,3 +32,8 @@ class SamplingParamsError(InvalidRequestError):
 
 class DuplicateRequestError(InvalidRequestError):
     """A request id is already in use by an unfinished request."""
+
+
+class AdapterLoadError(EngineError):
+    """A LoRA adapter could not be loaded (missing, refused by the PEFT rules, or the loader
+    failed). Only the requests for that adapter fail; the message names the failed checks."""

@@ -12,13 +12,22 @@ from .errors import ConfigError
 CPU_DEFAULT_KV_BYTES = 512 << 20
 
 
-def kv_cache_budget(config: EngineConfig, device: torch.device) -> int:
-    """Bytes for the cache: `kv_cache_bytes` if given; on CUDA otherwise the share
-    `gpu_memory_utilization` of device memory minus what weights and a warm-up step use."""
-    if config.kv_cache_bytes is not None:
-        return config.kv_cache_bytes
-    if device.type != "cuda":
-        return CPU_DEFAULT_KV_BYTES
+def kv_cache_budget(config: EngineConfig, device: torch.device, lora_bytes: int = 0) -> int:
+    """Bytes for the cache: `kv_cache_bytes` (or 512 MiB on CPU) less what the LoRA slots
+    take, since that setting is the budget for both; on CUDA without it, the share
+    `gpu_memory_utilization` of device memory minus what weights, LoRA slots (already
+    allocated) and a warm-up step use."""
+    if config.kv_cache_bytes is not None or device.type != "cuda":
+        total = config.kv_cache_bytes if config.kv_cache_bytes is not None else CPU_DEFAULT_KV_BYTES
+        budget = total - lora_bytes
+        if budget < config.kv_block_bytes:
+            raise ConfigError(
+                f"the memory budget of {total} bytes (kv_cache_bytes) holds the "
+                f"{config.max_loras} LoRA slots ({lora_bytes} bytes) but no KV block of "
+                f"{config.kv_block_bytes} bytes; raise kv_cache_bytes or lower max_loras / "
+                f"max_lora_rank"
+            )
+        return budget
     free, total = torch.cuda.mem_get_info(device)
     used_now = total - free
     # Peak activations beyond resident memory, measured by the warm-up the runner ran before.

@@ -13,7 +13,8 @@ class Linear(nn.Module):
     `output_sizes` lists the merged parts in order (q, k, v for `qkv_proj`; gate, up for
     `gate_up_proj`), so the loader can fill each part and a LoRA wrapper can add each
     part's own low-rank delta to its slice of the output. Every projection of the model
-    is this class, so there is one place to extend.
+    is this class, so there is one place to extend: a LoRA target gets `lora` (a
+    `lora.LinearLoRA`), which adds each token's adapter delta when its batch has adapters.
     """
 
     def __init__(self, in_features: int, output_sizes: list[int], bias: bool = False):
@@ -25,13 +26,17 @@ class Linear(nn.Module):
         self.bias = (
             nn.Parameter(torch.empty(self.out_features), requires_grad=False) if bias else None
         )
+        self.lora = None
 
     def output_slice(self, shard: int) -> slice:
         start = sum(self.output_sizes[:shard])
         return slice(start, start + self.output_sizes[shard])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        out = F.linear(x, self.weight, self.bias)
+        if self.lora is not None:
+            self.lora.apply(out, x)
+        return out
 
 
 class VocabEmbedding(nn.Module):

@@ -1,12 +1,16 @@
 """LLMEngine: requests in, one step at a time, token deltas out.
 
-Not thread-safe: one thread calls `add_request`/`step`/`abort` (AsyncLLMEngine is that
-thread's owner). `make_sequence` only validates and tokenizes, so other threads may call it.
+Not thread-safe: one thread calls `add_request`/`step`/`abort` and the LoRA controls
+(AsyncLLMEngine is that thread's owner). `make_sequence` only validates and tokenizes, and
+`stats`/`list_loras` only read, so other threads may call those.
 """
 
+import json
 import random
 import time
+from collections.abc import Callable
 from collections.abc import Sequence as SequenceOf
+from concurrent.futures import Future
 
 import torch
 
@@ -18,17 +22,31 @@ from .errors import (
     ModelLoadError,
     PromptTooLongError,
 )
+from .lora import LoRARequest
+from .lora_manager import LoRAManager
 from .metrics import EngineMetrics
 from .model_runner import ModelRunner
 from .outputs import CompletionOutput, RequestOutput, abort_output, append_token
+from .peft_rules import fingerprint_from_config
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
-from .sequence import Sequence
+from .sequence import Sequence, SequenceStatus
 from .tokenizer import Tokenizer
+
+WAITING = SequenceStatus.WAITING
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig | None = None, **kwargs):
+    def __init__(
+        self,
+        config: EngineConfig | None = None,
+        *,
+        lora_loader: Callable[[LoRARequest], str] | None = None,
+        **kwargs,
+    ):
+        """`lora_loader(lora_request) -> local folder` fetches an adapter that is not on local
+        disk (path None or missing); it runs on a loader thread, never the step thread. It
+        is unused when the config does not enable LoRA."""
         if config is not None and kwargs:
             raise TypeError("pass either an EngineConfig or keyword settings, not both")
         self.config = config if config is not None else EngineConfig(**kwargs)
@@ -40,7 +58,18 @@ class LLMEngine:
             )
         self.model_runner = ModelRunner(self.config)
         self.block_manager = BlockManager(self.model_runner.num_blocks, self.config.block_size)
-        self.scheduler = Scheduler(self.config, self.block_manager)
+        self.metrics = EngineMetrics()
+        self.lora_manager = None
+        if self.config.enable_lora:
+            raw = json.loads((self.config.model / "config.json").read_text())
+            self.lora_manager = LoRAManager(
+                self.model_runner.lora_slots,
+                fingerprint_from_config(raw),
+                max_cpu_loras=self.config.max_cpu_loras,
+                metrics=self.metrics,
+                loader=lora_loader,
+            )
+        self.scheduler = Scheduler(self.config, self.block_manager, self.lora_manager)
         mc = self.config.model_config
         self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids) | frozenset(mc.eos_token_ids)
         # A sequence can only grow as long as the whole cache, even alone.
@@ -48,7 +77,6 @@ class LLMEngine:
             self.config.max_model_len, self.block_manager.num_blocks * self.config.block_size
         )
         self.requests: dict[str, Sequence] = {}
-        self.metrics = EngineMetrics()
         self._aborted: list[RequestOutput] = []
         self._seeds = random.Random(self.config.seed)
 
@@ -61,7 +89,8 @@ class LLMEngine:
         sampling_params: SamplingParams | None = None,
         *,
         prompt_token_ids: list[int] | None = None,
-        lora_request=None,
+        lora_request: LoRARequest | None = None,
+        fairness_key: str | None = None,
         arrival_time: float | None = None,
     ):
         seq = self.make_sequence(
@@ -70,6 +99,7 @@ class LLMEngine:
             sampling_params,
             prompt_token_ids=prompt_token_ids,
             lora_request=lora_request,
+            fairness_key=fairness_key,
             arrival_time=arrival_time,
         )
         self.add_sequence(seq)
@@ -81,12 +111,18 @@ class LLMEngine:
         sampling_params: SamplingParams | None = None,
         *,
         prompt_token_ids: list[int] | None = None,
-        lora_request=None,
+        lora_request: LoRARequest | None = None,
+        fairness_key: str | None = None,
         arrival_time: float | None = None,
     ) -> Sequence:
         """Validate and tokenize a request without touching the engine's state."""
         if not isinstance(request_id, str) or not request_id:
             raise InvalidRequestError(f"request_id must be a non-empty string, got {request_id!r}")
+        self._check_lora_request(lora_request)
+        if fairness_key is not None and not isinstance(fairness_key, str):
+            raise InvalidRequestError(
+                f"fairness_key must be a string or None, got {type(fairness_key).__name__}"
+            )
         params = sampling_params if sampling_params is not None else SamplingParams()
         if not isinstance(params, SamplingParams):
             raise InvalidRequestError("sampling_params must be a SamplingParams")
@@ -102,8 +138,22 @@ class LLMEngine:
             generator=generator,
             detokenizer=self.tokenizer.detokenizer(),
             lora_request=lora_request,
+            fairness_key=fairness_key,
             arrival_time=arrival_time,
         )
+
+    def _check_lora_request(self, lora_request):
+        if lora_request is None:
+            return
+        if not isinstance(lora_request, LoRARequest):
+            raise InvalidRequestError(
+                f"lora_request must be a LoRARequest, got {type(lora_request).__name__}"
+            )
+        if self.lora_manager is None:
+            raise InvalidRequestError(
+                f"adapter {lora_request.name!r} was requested but this engine serves the base "
+                f"model only; start it with enable_lora=True"
+            )
 
     def add_sequence(self, seq: Sequence):
         if seq.request_id in self.requests:
@@ -148,24 +198,33 @@ class LLMEngine:
                 f"or start the engine with a larger kv_cache_bytes"
             )
 
-    def abort(self, request_id: str) -> bool:
+    def abort(self, request_id: str, error: Exception | None = None) -> bool:
         """Stop a request and free its KV blocks now. Its final output, with finish_reason
-        "abort", comes from the next `step()`. False if no such request is unfinished."""
+        "abort" (and `error`, if given), comes from the next `step()`. False if no such
+        request is unfinished."""
         seq = self.requests.pop(request_id, None)
         if seq is None:
             return False
         self.scheduler.finish(seq)
         seq.finish_reason = "abort"
         self._record_finish(seq, time.monotonic())
-        self._aborted.append(abort_output(seq))
+        self._aborted.append(abort_output(seq, error))
         return True
 
     def has_unfinished(self) -> bool:
-        return bool(self.requests or self._aborted)
+        """Requests to serve, outputs to hand over, or adapters loading."""
+        return bool(
+            self.requests
+            or self._aborted
+            or (self.lora_manager is not None and self.lora_manager.busy())
+        )
 
     # -- the loop -------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
+        if self.lora_manager is not None:
+            for adapter_id, error in self.lora_manager.poll():
+                self._fail_adapter(adapter_id, error)
         outputs, self._aborted = self._aborted, []
         seqs, is_prefill = self.scheduler.schedule()
         if not seqs:
@@ -191,6 +250,13 @@ class LLMEngine:
         self.metrics.preemptions = self.scheduler.num_preemptions
         return outputs
 
+    def _fail_adapter(self, adapter_id: str, error: Exception):
+        """An adapter failed to load: fail the requests waiting for it, and only those."""
+        for seq in list(self.requests.values()):
+            lora = seq.lora_request
+            if lora is not None and lora.adapter_id == adapter_id and seq.status is WAITING:
+                self.abort(seq.request_id, error)
+
     def _record_token(self, seq: Sequence, now: float):
         m = self.metrics
         m.generation_tokens += 1
@@ -207,13 +273,56 @@ class LLMEngine:
 
     def stats(self) -> dict:
         """Gauges of the moment plus the cumulative metrics."""
-        return {
+        stats = {
             "requests_running": len(self.scheduler.running),
             "requests_waiting": len(self.scheduler.waiting),
             "kv_blocks_used": self.block_manager.num_used_blocks,
             "kv_blocks_total": self.block_manager.num_blocks,
             **self.metrics.snapshot(),
         }
+        if self.lora_manager is not None:
+            stats["lora"] = self.lora_manager.stats()
+        return stats
+
+    # -- LoRA adapters ------------------------------------------------------------------------
+
+    def load_lora(self, lora_request: LoRARequest, pin: bool = False) -> Future:
+        """Load an adapter into host memory ahead of its requests (with `pin`, also keep it
+        in a device slot). The future resolves once it is there (steps resolve it), or
+        raises AdapterLoadError."""
+        self._check_lora_request(lora_request)
+        if lora_request is None:
+            raise InvalidRequestError("load_lora needs a LoRARequest")
+        return self._lora().load(lora_request, pin=pin)
+
+    def unload_lora(self, adapter_id: str) -> bool:
+        """Drop an adapter from its slot and host memory; False if the engine does not know
+        it. Refused (InvalidRequestError) while requests use it."""
+        return self._lora().unload(adapter_id)
+
+    def pin_lora(self, adapter_id: str, pinned: bool = True):
+        """Keep a known adapter resident in a device slot (never evicted) until unpinned."""
+        self._lora().pin(adapter_id, pinned)
+
+    def list_loras(self) -> list[dict]:
+        """Every adapter the engine knows: name, adapter_id, path, tier (device, host or
+        disk), slot, pinned, loading, rank, running and waiting request counts."""
+        return self._lora().list_loras()
+
+    def wait_for_load(self, timeout: float) -> bool:
+        """Block until an adapter load finishes or `timeout` passes; for callers that step
+        the engine themselves and have nothing to run while adapters load."""
+        return self.lora_manager is not None and self.lora_manager.wait_for_load(timeout)
+
+    def close(self):
+        """Stop the adapter loader threads."""
+        if self.lora_manager is not None:
+            self.lora_manager.shutdown()
+
+    def _lora(self) -> LoRAManager:
+        if self.lora_manager is None:
+            raise InvalidRequestError("this engine serves no adapters; start it with enable_lora")
+        return self.lora_manager
 
     # -- blocking convenience ---------------------------------------------------------------
 
@@ -221,9 +330,11 @@ class LLMEngine:
         self,
         prompts: SequenceOf[str] | SequenceOf[list[int]],
         sampling_params: SamplingParams | list[SamplingParams] | None = None,
+        lora_request: LoRARequest | list[LoRARequest | None] | None = None,
     ) -> list[CompletionOutput]:
         """Run prompts (texts or token id lists) to completion on an otherwise idle engine
-        (tests, benchmarks); results in prompt order."""
+        (tests, benchmarks); results in prompt order. A prompt whose adapter cannot be
+        loaded ends with finish_reason "abort" and the error in `error`."""
         if self.requests:
             raise RuntimeError("generate() steps the whole engine; call it only when idle")
         params = (
@@ -231,16 +342,21 @@ class LLMEngine:
             if isinstance(sampling_params, list)
             else [sampling_params] * len(prompts)
         )
-        if len(params) != len(prompts):
-            raise InvalidRequestError(f"{len(prompts)} prompts but {len(params)} sampling params")
+        loras = lora_request if isinstance(lora_request, list) else [lora_request] * len(prompts)
+        if len(params) != len(prompts) or len(loras) != len(prompts):
+            raise InvalidRequestError(
+                f"{len(prompts)} prompts but {len(params)} sampling params and "
+                f"{len(loras)} LoRA requests"
+            )
         seqs = [
             self.make_sequence(
                 f"generate-{id(params)}-{i}",
                 p if isinstance(p, str) else None,
                 sp,
                 prompt_token_ids=None if isinstance(p, str) else p,
+                lora_request=lora,
             )
-            for i, (p, sp) in enumerate(zip(prompts, params, strict=True))
+            for i, (p, sp, lora) in enumerate(zip(prompts, params, loras, strict=True))
         ]  # all validated before any is queued, so a bad prompt leaves nothing behind
         results = {
             seq.request_id: CompletionOutput(seq.request_id, list(seq.token_ids)) for seq in seqs
@@ -248,7 +364,10 @@ class LLMEngine:
         for seq in seqs:
             self.add_sequence(seq)
         while any(r.finish_reason is None for r in results.values()):
-            for out in self.step():
+            outputs = self.step()
+            if not outputs:  # only adapter loads are in progress
+                self.wait_for_load(0.05)
+            for out in outputs:
                 result = results.get(out.request_id)
                 if result is None:
                     continue
@@ -256,4 +375,5 @@ class LLMEngine:
                 result.text += out.new_text
                 result.logprobs += out.new_logprobs
                 result.finish_reason = out.finish_reason
+                result.error = out.error
         return list(results.values())

@@ -9,6 +9,9 @@ from dataclasses import dataclass, field
 
 # Seconds. Wide enough for a CPU serving a 135M model and a GPU serving an 8B one.
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+# A swap-in is a host-to-device copy: about a millisecond for an 8B model's rank-16 adapter.
+SWAP_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+LORA_TIERS = ("device", "host", "disk")
 
 
 class Histogram:
@@ -43,6 +46,17 @@ class EngineMetrics:
     inter_token_latency: Histogram = field(default_factory=Histogram)
     queue_time: Histogram = field(default_factory=Histogram)  # arrival to first scheduled
     e2e_latency: Histogram = field(default_factory=Histogram)  # arrival to finish
+    # LoRA: a lookup counts at the tier asked, a hit where the adapter was found ("loader":
+    # not on local disk, fetched by the loader callback), so hits / lookups is a tier's rate.
+    lora_lookups: dict[str, int] = field(default_factory=lambda: dict.fromkeys(LORA_TIERS, 0))
+    lora_hits: dict[str, int] = field(
+        default_factory=lambda: dict.fromkeys((*LORA_TIERS, "loader"), 0)
+    )
+    lora_loads: int = 0  # loads started (single flight: one per cold adapter, not per request)
+    lora_load_failures: int = 0
+    lora_evictions: dict[str, int] = field(default_factory=lambda: {"device": 0, "host": 0})
+    lora_swap_in: Histogram = field(default_factory=lambda: Histogram(SWAP_BUCKETS))
+    lora_load: Histogram = field(default_factory=Histogram)  # disk (or loader) to host memory
 
     def snapshot(self) -> dict:
         return {
@@ -54,4 +68,15 @@ class EngineMetrics:
             "inter_token_latency": self.inter_token_latency.snapshot(),
             "queue_time": self.queue_time.snapshot(),
             "e2e_latency": self.e2e_latency.snapshot(),
+            "lora_swap_in": self.lora_swap_in.snapshot(),
+            "lora_load": self.lora_load.snapshot(),
+        }
+
+    def lora_counters(self) -> dict:
+        return {
+            "lookups": dict(self.lora_lookups),
+            "hits": dict(self.lora_hits),
+            "loads": self.lora_loads,
+            "load_failures": self.lora_load_failures,
+            "evictions": dict(self.lora_evictions),
         }

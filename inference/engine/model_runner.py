@@ -8,6 +8,7 @@ from .config import EngineConfig
 from .context import ForwardContext, forward_context
 from .kv_cache import allocate_kv_cache, kv_cache_budget
 from .loader import load_weights
+from .lora import LoRASlots
 from .model import LlamaForCausalLM
 from .sampler import Sampler, SamplerOutput
 from .sequence import Sequence
@@ -22,9 +23,21 @@ class ModelRunner:
         with torch.device(self.device), _default_dtype(config.torch_dtype):
             self.model = LlamaForCausalLM(mc, max_positions=config.max_model_len).eval()
         load_weights(self.model, config.model)
+        # LoRA slots come before the KV cache: allocated once, their bytes leave the KV budget.
+        self.lora_slots = (
+            LoRASlots(
+                self.model,
+                config.max_loras,
+                config.max_lora_rank,
+                max(config.max_num_batched_tokens, config.max_num_seqs),
+            )
+            if config.enable_lora
+            else None
+        )
         if self.device.type == "cuda":
             self._warm_up()
-        self.num_blocks = kv_cache_budget(config, self.device) // config.kv_block_bytes
+        lora_bytes = self.lora_slots.nbytes if self.lora_slots is not None else 0
+        self.num_blocks = kv_cache_budget(config, self.device, lora_bytes) // config.kv_block_bytes
         self.kv_cache = allocate_kv_cache(self.model, config, self.num_blocks, self.device)
         self.sampler = Sampler()
         # Decode attention may keep a padded copy of the running batch's keys and values
@@ -55,15 +68,19 @@ class ModelRunner:
     def _prepare_prefill(self, seqs: list[Sequence]):
         """Every token of each sequence (a preempted one is recomputed from its start)."""
         self._last_decode = []  # the next decode batch is new
-        input_ids, positions, slots, cu_seqlens = [], [], [], [0]
+        input_ids, positions, slots, cu_seqlens, lora_slots = [], [], [], [0], []
         for seq in seqs:
             n = len(seq)
             input_ids.extend(seq.token_ids)
             positions.extend(range(n))
             slots.extend(self._slot(seq, i) for i in range(n))
             cu_seqlens.append(cu_seqlens[-1] + n)
+            lora_slots.extend([seq.lora_slot] * n)
         ctx = ForwardContext(
-            is_prefill=True, slot_mapping=self._tensor(slots), cu_seqlens=cu_seqlens
+            is_prefill=True,
+            slot_mapping=self._tensor(slots),
+            cu_seqlens=cu_seqlens,
+            lora=self._lora_step(lora_slots),
         )
         last = self._tensor([end - 1 for end in cu_seqlens[1:]])
         return self._tensor(input_ids), self._tensor(positions), ctx, last
@@ -89,6 +106,7 @@ class ModelRunner:
             decode_groups=self._decode_groups(lengths),
             decode_buffer_len=buffer_len,
             refresh_decode_buffers=refresh,
+            lora=self._lora_step([seq.lora_slot for seq in seqs]),
         )
         input_ids = self._tensor([seq.last_token_id for seq in seqs])
         positions = self._tensor([n - 1 for n in lengths])
@@ -122,6 +140,9 @@ class ModelRunner:
             return None, True
         return self._buffer_len, True
 
+    def _lora_step(self, token_slots: list[int]):
+        return self.lora_slots.make_step(token_slots) if self.lora_slots is not None else None
+
     def _slot(self, seq: Sequence, position: int) -> int:
         return (
             seq.block_table[position // self.block_size] * self.block_size
@@ -141,7 +162,13 @@ class ModelRunner:
         seq_len = self.config.max_model_len
         cu = list(range(0, n, seq_len)) + [n]
         positions = torch.cat([torch.arange(e - s) for s, e in zip(cu[:-1], cu[1:], strict=True)])
-        ctx = ForwardContext(is_prefill=True, slot_mapping=self._tensor([]), cu_seqlens=cu)
+        # every token on slot 0, so the LoRA scratch of the largest step is measured too
+        ctx = ForwardContext(
+            is_prefill=True,
+            slot_mapping=self._tensor([]),
+            cu_seqlens=cu,
+            lora=self._lora_step([0] * n),
+        )
         with forward_context(ctx):
             hidden = self.model(self._tensor([0] * n), positions.to(self.device))
         self.model.compute_logits(hidden[self._tensor([e - 1 for e in cu[1:]])])

@@ -25,6 +25,9 @@ class RequestOutput:
     finish_reason: str | None  # "stop", "length" or "abort" once finished
     prompt_tokens: int
     completion_tokens: int
+    # why an aborted request could not be served (e.g. an AdapterLoadError); the async
+    # front raises it to the caller instead of handing over this output
+    error: Exception | None = None
 
 
 @dataclass
@@ -37,6 +40,7 @@ class CompletionOutput:
     text: str = ""
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str | None = None
+    error: Exception | None = None
 
 
 def append_token(
@@ -91,7 +95,7 @@ def _truncate_at_stop_string(seq: Sequence, seen: int):
         seq.finish_reason = "stop"
 
 
-def abort_output(seq: Sequence) -> RequestOutput:
+def abort_output(seq: Sequence, error: Exception | None = None) -> RequestOutput:
     return RequestOutput(
         request_id=seq.request_id,
         new_token_ids=[],
@@ -101,4 +105,5 @@ def abort_output(seq: Sequence) -> RequestOutput:
         finish_reason="abort",
         prompt_tokens=seq.num_prompt_tokens,
         completion_tokens=seq.num_completion_tokens,
+        error=error,
     )

@@ -27,17 +27,21 @@ class Sequence:
         generator: torch.Generator,
         detokenizer,
         lora_request=None,
+        fairness_key: str | None = None,
         arrival_time: float | None = None,
     ):
         self.request_id = request_id
         self.token_ids = list(prompt_token_ids)
         self.num_prompt_tokens = len(self.token_ids)
         self.params = params
-        self.lora_request = lora_request  # None is the base model; passed through untouched
+        self.lora_request = lora_request  # a lora.LoRARequest; None is the base model
+        self.lora_slot = -1  # device slot of its adapter while running; -1: none
+        self.fairness_key = fairness_key  # the scheduler takes turns between keys (tenants)
         self.generator = generator
         self.detokenizer = detokenizer
         self.status = SequenceStatus.WAITING
         self.block_table: list[int] = []
+        self.num_preemptions = 0
         self.text = ""  # completion text so far
         self.num_text_sent = 0  # chars of `text` already handed to the caller
         self.finish_reason: str | None = None

@@ -7,6 +7,7 @@ segment table lives both on the device (for kernels) and on the host (for launch
 the CPU loop), so no layer ever has to synchronise with the device to read it.
 """
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -42,6 +43,29 @@ class LoRABatch:
     @property
     def device(self) -> torch.device:
         return self.token_slots.device
+
+    @functools.cached_property
+    def slot_rows(self) -> torch.Tensor:
+        """[T_active] row of each sorted token when every slot, not only the active ones, is a
+        padded group: slot * max_seg_len + position in its segment. Computed once per batch
+        (a step), though every layer of the model reads it."""
+        m = self.max_seg_len
+        return self.seg_slots.index_select(0, self.padded_rows // m) * m + self.padded_rows % m
+
+    @functools.cached_property
+    def token_padded_rows(self) -> torch.Tensor:
+        """padded_rows in token order instead of sorted order; when every token has an
+        adapter, the padded layout is then one gather or scatter away from the tokens."""
+        return torch.empty_like(self.padded_rows).index_copy_(
+            0, self.sorted_token_ids, self.padded_rows
+        )
+
+    @functools.cached_property
+    def token_slot_rows(self) -> torch.Tensor:
+        """slot_rows in token order (see token_padded_rows)."""
+        return torch.empty_like(self.slot_rows).index_copy_(
+            0, self.sorted_token_ids, self.slot_rows
+        )
 
 
 def make_lora_batch(

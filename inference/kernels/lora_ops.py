@@ -69,15 +69,29 @@ def add_lora(
     one for its largest batch and reuse it in every layer instead of allocating per call.
     """
     check_add_lora(out, x, lora_a, lora_b, scales, batch)
-    n, rank, t = len(lora_a), lora_a[0].shape[1], batch.num_tokens
     if buffer is not None:
-        check_scratch(buffer, n, rank, batch)
+        check_scratch(buffer, len(lora_a), lora_a[0].shape[1], batch)
+    add_lora_unchecked(out, x, lora_a, lora_b, scales, batch, buffer)
+
+
+def add_lora_unchecked(
+    out: torch.Tensor,
+    x: torch.Tensor,
+    lora_a: list[torch.Tensor],
+    lora_b: list[torch.Tensor],
+    scales: torch.Tensor,
+    batch: LoRABatch,
+    buffer: torch.Tensor | None = None,
+) -> None:
+    """`add_lora` without its input checks, for a caller that checked its stacks once and
+    builds every batch itself: the engine makes this call ~120 times per step, where the
+    checks alone would cost milliseconds on a CPU. Wrong shapes here read or write the
+    wrong memory instead of raising."""
     if not batch.num_segments:
         return
+    n, rank, t = len(lora_a), lora_a[0].shape[1], batch.num_tokens
     if buffer is None:
         y = torch.empty((n, t, rank), dtype=torch.float32, device=x.device)
     else:
         y = buffer[:n, :t]
-    impl = _impl(batch)
-    impl.lora_shrink(x, lora_a, batch, y)
-    impl.lora_expand(y, lora_b, scales, batch, out, True)
+    _impl(batch).add_lora(out, x, lora_a, lora_b, scales, batch, y)

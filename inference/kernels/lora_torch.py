@@ -14,6 +14,18 @@ against padding, add_lora on one layer's qkv, gate_up and down: with 4-8 adapter
 one adapter they are the same code. Padding wastes work when one long prefill shares the
 batch with short decodes, so it is used only while the padded rows stay within twice the
 real ones (or a small floor, PADDED_MIN_ROWS).
+
+`add_lora` runs both halves in one pass: with padding, the low-rank products stay in the
+padded layout between shrink and expand instead of going back to token order and out again;
+that round trip was a third of the engine's LoRA time per decode step.
+
+Padded groups are either the active segments, with their slots' weights gathered (copied)
+for the bmm, or every slot of the stack, read in place, inactive slots' rows left zero.
+Gathering copies the active adapters' weights each call: in the engine, 8 rank-16 adapters
+on SmolLM2 are 156 MB per decode step, read, written and read again, as much time as the
+base model's own matmuls. Reading the stacks in place reads each slot once, so it wins once
+a third of the slots are active (FULL_STACK_MIN_SHARE); it needs fp32 stacks (an upcast
+would copy them all).
 """
 
 import torch
@@ -21,6 +33,8 @@ import torch
 from inference.kernels.lora_batch import LoRABatch
 
 PADDED_MIN_ROWS = 64
+FULL_STACK_MIN_SHARE = 1 / 3
+CAT_MAX_ELEMENTS = 1 << 16  # add_lora joins the slices' deltas up to this size, then writes once
 
 
 def _use_padding(batch: LoRABatch) -> bool:
@@ -28,14 +42,37 @@ def _use_padding(batch: LoRABatch) -> bool:
     return batch.num_segments > 1 and padded <= max(PADDED_MIN_ROWS, 2 * real)
 
 
+def _full_stack(batch: LoRABatch, weights: list[torch.Tensor]) -> bool:
+    """Whether the padded groups are all slots, the stacks read in place (see above). The
+    padding rule applies to all slots' rows too, so long prefills keep the gathered path."""
+    num_slots = weights[0].shape[0]
+    return (
+        weights[0].dtype == torch.float32
+        and batch.num_segments >= FULL_STACK_MIN_SHARE * num_slots
+        and num_slots * batch.max_seg_len <= max(PADDED_MIN_ROWS, 2 * batch.padded_rows.numel())
+    )
+
+
+def _padded_rows(batch: LoRABatch, full: bool) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """(tokens, rows): tokens with an adapter (None: all of them, in order) and each one's row
+    in the padded [groups * max_seg_len] layout, group = its segment or, with the full stack,
+    its slot. With every token active the tokens need no gather or scatter of their own."""
+    if batch.padded_rows.numel() == batch.num_tokens:
+        return None, batch.token_slot_rows if full else batch.token_padded_rows
+    return batch.sorted_token_ids, batch.slot_rows if full else batch.padded_rows
+
+
 def _write_rows(
     cols: torch.Tensor, rows: torch.Tensor | None, delta: torch.Tensor, add: bool
 ) -> None:
-    """cols[rows] (+)= delta, with delta in fp32 and one rounding to cols' dtype."""
+    """cols[rows] (+)= delta, with delta in fp32 and one rounding to cols' dtype. A gather,
+    an add and a row copy: index_add_ on a CPU tensor dispatches once per row (about 20 us
+    each), which cost the engine ~20 ms per decode step."""
     if rows is None:
-        cols.copy_(cols.float() + delta if add else delta)
-    elif add and cols.dtype == torch.float32:
-        cols.index_add_(0, rows, delta)
+        if add and cols.dtype == torch.float32:
+            cols.add_(delta)
+        else:
+            cols.copy_(cols.float() + delta if add else delta)
     else:
         if add:
             delta = delta + cols.index_select(0, rows).float()
@@ -48,14 +85,23 @@ def lora_shrink(
     """out[i, t] = x[t] @ lora_a[i][slot[t]]^T for tokens with an adapter; other rows untouched."""
     n, rank = len(lora_a), lora_a[0].shape[1]
     if _use_padding(batch):
-        g, m, rows = batch.num_segments, batch.max_seg_len, batch.sorted_token_ids
+        full = _full_stack(batch, lora_a)
+        g = lora_a[0].shape[0] if full else batch.num_segments
+        m, (rows, padded) = batch.max_seg_len, _padded_rows(batch, full)
         xp = x.new_zeros((g * m, x.shape[1]), dtype=torch.float32)
-        xp.index_copy_(0, batch.padded_rows, x.index_select(0, rows).float())
-        # All slices share x: one product against their A's stacked along the rank.
-        a = torch.cat([w.index_select(0, batch.seg_slots) for w in lora_a], dim=1).float()
-        yp = torch.bmm(xp.view(g, m, -1), a.transpose(1, 2)).view(g * m, n, rank)
-        ys = yp.index_select(0, batch.padded_rows).transpose(0, 1)
-        out.index_copy_(1, rows, ys.to(out.dtype))
+        xp.index_copy_(0, padded, (x if rows is None else x.index_select(0, rows)).float())
+        xp = xp.view(g, m, -1)
+        if full:  # one bmm per slice against the stack itself
+            yp = torch.stack([torch.bmm(xp, w.transpose(1, 2)).view(g * m, rank) for w in lora_a])
+            ys = yp.index_select(1, padded)
+        else:  # all slices share x: one product against their A's stacked along the rank
+            a = torch.cat([w.index_select(0, batch.seg_slots) for w in lora_a], dim=1).float()
+            yp = torch.bmm(xp, a.transpose(1, 2)).view(g * m, n, rank)
+            ys = yp.index_select(0, padded).transpose(0, 1)
+        if rows is None:
+            out.copy_(ys)
+        else:
+            out.index_copy_(1, rows, ys.to(out.dtype))
         return
     for slot, start, length in batch.segments:
         rows = (
@@ -81,17 +127,21 @@ def lora_expand(
     """out[t, cols_i] (+)= scales[slot] * y[i, t] @ lora_b[i][slot]^T; rows without an adapter untouched."""
     widths = [b.shape[1] for b in lora_b]
     if _use_padding(batch):
-        g, m, rows = batch.num_segments, batch.max_seg_len, batch.sorted_token_ids
+        full = _full_stack(batch, lora_b)
+        g = lora_b[0].shape[0] if full else batch.num_segments
+        m, (rows, padded) = batch.max_seg_len, _padded_rows(batch, full)
         n, rank = y.shape[0], y.shape[2]
         yp = y.new_zeros((n, g * m, rank), dtype=torch.float32)
-        yp.index_copy_(1, batch.padded_rows, y.index_select(1, rows).float())
-        yp = yp.view(n, g, m, rank) * scales.index_select(0, batch.seg_slots).float().view(
-            1, g, 1, 1
-        )
-        for i, (b, cols) in enumerate(zip(lora_b, out.split(widths, dim=1), strict=True)):
-            bs = b.index_select(0, batch.seg_slots).float()
-            delta = torch.bmm(yp[i], bs.transpose(1, 2)).view(g * m, -1)
-            _write_rows(cols, rows, delta.index_select(0, batch.padded_rows), add)
+        yp.index_copy_(1, padded, (y if rows is None else y.index_select(1, rows)).float())
+        group_scales = scales.float() if full else scales.index_select(0, batch.seg_slots).float()
+        yp = yp.view(n, g, m, rank) * group_scales.view(1, g, 1, 1)
+        deltas = []
+        for i, b in enumerate(lora_b):
+            bs = b if full else b.index_select(0, batch.seg_slots).float()
+            deltas.append(torch.bmm(yp[i], bs.transpose(1, 2)).view(g * m, -1))
+        # one write of all slices into `out` (a row scatter into a column slice is slow)
+        delta = deltas[0] if n == 1 else torch.cat(deltas, dim=1)
+        _write_rows(out, rows, delta.index_select(0, padded), add)
         return
     for slot, start, length in batch.segments:
         rows = (
@@ -100,3 +150,43 @@ def lora_expand(
         ys = (y if rows is None else y.index_select(1, rows)).float() * scales[slot].float()
         for i, (b, cols) in enumerate(zip(lora_b, out.split(widths, dim=1), strict=True)):
             _write_rows(cols, rows, ys[i] @ b[slot].float().T, add)
+
+
+def add_lora(
+    out: torch.Tensor,
+    x: torch.Tensor,
+    lora_a: list[torch.Tensor],
+    lora_b: list[torch.Tensor],
+    scales: torch.Tensor,
+    batch: LoRABatch,
+    y: torch.Tensor,
+) -> None:
+    """out[t, cols_i] += scales[slot] * (x[t] @ A_i[slot]^T) @ B_i[slot]^T. With padding,
+    the products stay padded between the halves (fp32, as in `y`); otherwise it is
+    lora_shrink into the scratch `y`, then lora_expand."""
+    if not _use_padding(batch):
+        lora_shrink(x, lora_a, batch, y)
+        lora_expand(y, lora_b, scales, batch, out, True)
+        return
+    full = _full_stack(batch, lora_a)
+    g = lora_a[0].shape[0] if full else batch.num_segments
+    m, (rows, padded) = batch.max_seg_len, _padded_rows(batch, full)
+    xp = x.new_zeros((g * m, x.shape[1]), dtype=torch.float32)
+    xp.index_copy_(0, padded, (x if rows is None else x.index_select(0, rows)).float())
+    xp = xp.view(g, m, -1)
+    group_scales = scales.float() if full else scales.index_select(0, batch.seg_slots).float()
+    group_scales = group_scales.view(g, 1, 1)
+    deltas = []
+    for a, b in zip(lora_a, lora_b, strict=True):
+        if not full:
+            a = a.index_select(0, batch.seg_slots).float()
+            b = b.index_select(0, batch.seg_slots).float()
+        products = torch.bmm(xp, a.transpose(1, 2)) * group_scales
+        deltas.append(torch.bmm(products, b.transpose(1, 2)).view(g * m, -1))
+    if len(deltas) == 1 or g * m * out.shape[1] > CAT_MAX_ELEMENTS:
+        # big (prefill) deltas: write each slice into its columns rather than copy them
+        # into one tensor first
+        for delta, cols in zip(deltas, out.split([d.shape[1] for d in deltas], dim=1), strict=True):
+            _write_rows(cols, rows, delta.index_select(0, padded), True)
+    else:  # small (decode) deltas: one write instead of one per slice
+        _write_rows(out, rows, torch.cat(deltas, dim=1).index_select(0, padded), True)

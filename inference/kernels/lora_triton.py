@@ -250,6 +250,20 @@ def _shrink(x: torch.Tensor, lora_a: list[torch.Tensor], batch: LoRABatch, y: to
         )  # fmt: skip
 
 
+def add_lora(
+    out: torch.Tensor,
+    x: torch.Tensor,
+    lora_a: list[torch.Tensor],
+    lora_b: list[torch.Tensor],
+    scales: torch.Tensor,
+    batch: LoRABatch,
+    y: torch.Tensor,
+) -> None:
+    """Shrink into the scratch `y`, then expand into `out`."""
+    lora_shrink(x, lora_a, batch, y)
+    lora_expand(y, lora_b, scales, batch, out, True)
+
+
 def lora_expand(
     y: torch.Tensor,
     lora_b: list[torch.Tensor],

@@ -7,17 +7,23 @@ from inference.kernels import add_lora, lora_expand, lora_shrink, lora_torch, ma
 from tests.kernels.factories import decode_slots, make_weights, naive_add_lora, prefill_slots
 
 SLOTS = 6
-USE_PADDING = lora_torch._use_padding  # the real rule, before the fixture replaces it
+USE_PADDING = lora_torch._use_padding  # the real rules, before the fixture replaces them
+FULL_STACK = lora_torch._full_stack
 RANKS = [16, 8, 4, 0, 16, 8]  # slot 3 is empty
 
 
-@pytest.fixture(autouse=True, params=["per-segment", "padded"])
+@pytest.fixture(autouse=True, params=["per-segment", "padded-gathered", "padded-full-stack"])
 def strategy(request, monkeypatch):
-    """Every test runs both strategies: padding forced on, or never used."""
-    if request.param == "padded":
-        monkeypatch.setattr(lora_torch, "_use_padding", lambda batch: batch.num_segments > 0)
-    else:
+    """Every test runs every strategy: padding never used, or forced on with the active
+    slots' weights gathered, or with the whole stack read in place (fp32 only)."""
+    if request.param == "per-segment":
         monkeypatch.setattr(lora_torch, "_use_padding", lambda batch: False)
+    else:
+        monkeypatch.setattr(lora_torch, "_use_padding", lambda batch: batch.num_segments > 0)
+        full = request.param == "padded-full-stack"
+        monkeypatch.setattr(
+            lora_torch, "_full_stack", lambda batch, w: full and w[0].dtype == torch.float32
+        )
     return request.param
 
 
@@ -39,8 +45,9 @@ def _run(token_slots, in_features, widths, dtype=torch.float32):
         prefill_slots([20, 1, 13], [1, -1, 5]),
         decode_slots(17, SLOTS),
         torch.full((12,), 0),  # one adapter for the whole batch
+        torch.tensor([3, 0, 3, 5, 1, 0]),  # every token has an adapter: no gather or scatter
     ],
-    ids=["one-token", "no-adapter", "unsorted", "prefill", "decode", "one-adapter"],
+    ids=["one-token", "no-adapter", "unsorted", "prefill", "decode", "one-adapter", "all-active"],
 )
 @pytest.mark.parametrize("widths", [[40], [48, 16, 16], [24, 24]], ids=["o", "qkv", "gate_up"])
 def test_reference_matches_the_per_token_definition(token_slots, widths):
@@ -82,6 +89,16 @@ def test_shrink_writes_each_slice_at_its_rank_padded_to_the_stack():
     assert torch.equal(y[:, 1, 4:], torch.zeros(2, 12))  # rank 4 adapter: padding stays zero
 
 
+def test_full_stack_is_read_in_place_once_a_third_of_the_slots_are_active():
+    weights = [torch.zeros(6, 16, 8)]
+    assert FULL_STACK(make_lora_batch(torch.tensor([0, 3, 3]), backend="torch"), weights)
+    assert not FULL_STACK(make_lora_batch(torch.tensor([5, 5]), backend="torch"), weights)
+    half = [w.half() for w in weights]  # an upcast would copy the whole stack
+    assert not FULL_STACK(make_lora_batch(torch.tensor([0, 1, 2]), backend="torch"), half)
+    long_prefill = prefill_slots([40, 40], [0, 1])  # 6 slots x 40 rows for 80 real ones
+    assert not FULL_STACK(make_lora_batch(long_prefill, backend="torch"), weights)
+
+
 def test_padding_is_chosen_for_several_adapters_but_not_for_a_prefill_among_decodes():
     def padded(token_slots):
         return USE_PADDING(make_lora_batch(token_slots, backend="torch"))
@@ -90,3 +107,10 @@ def test_padding_is_chosen_for_several_adapters_but_not_for_a_prefill_among_deco
     assert padded(torch.arange(256) % 8)  # even segments waste nothing
     assert not padded(torch.zeros(16, dtype=torch.int64))  # one adapter: one plain matmul
     assert not padded(prefill_slots([200, 1, 1, 1], [0, 1, 2, 3]))  # 800 rows for 203
+
+
+@pytest.mark.parametrize("token_slots", [torch.tensor([3, 0, 3, 5, 1, 0]), decode_slots(9, SLOTS)])
+def test_add_lora_writes_big_deltas_one_slice_at_a_time(token_slots, monkeypatch):
+    monkeypatch.setattr(lora_torch, "CAT_MAX_ELEMENTS", 0)  # as a prefill's deltas would be
+    out, expected = _run(token_slots, 40, [48, 16, 16])
+    torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5)

@@ -1,0 +1,141 @@
+"""Many adapters, few slots: 100 adapters with Zipf(1.1) popularity served through 8 device
+slots and a 32-entry host cache, against the same run with every request on 8 warm adapters.
+
+    .venv/bin/python bench/lora_zipf.py [--model DIR] [--requests 400] [--max-tokens 8]
+
+SmolLM2-135M by default, fp32 on CPU, greedy, eos ignored. Every adapter (rank 16, all seven
+projections) starts on disk. Requests arrive in a closed loop, --concurrency in flight (a
+new one as each finishes), in the same order with the same prompts in both runs; the warm
+run maps adapter k to k mod 8, all 8 loaded and in their slots beforehand. Reported: tokens/s
+of both and their ratio, hit rate per tier (hits / lookups, a lookup counted at the tier where
+it was asked), loads and evictions, and TTFT (arrival to first token, wall clock) p50/p99 by
+where the adapter was when the request arrived: device (warm), host, or disk (cold, including
+requests that joined a load already running). The last line is one JSON object.
+"""
+
+import argparse
+import json
+import random
+import time
+from collections import deque
+
+from lora_common import chat_prompts, make_adapters, model_dir, percentile
+
+from inference.engine.llm_engine import LLMEngine
+from inference.engine.lora import LoRARequest
+from inference.engine.sampling_params import SamplingParams
+
+
+def tier_of(engine: LLMEngine, lora: LoRARequest) -> str:
+    entry = engine.lora_manager.adapters.get(lora.adapter_id)
+    if entry is not None and entry.slot is not None:
+        return "device"
+    return "host" if entry is not None and entry.host is not None else "disk"
+
+
+def run(engine, plan, prompts, params, concurrency) -> tuple[float, list[dict]]:
+    pending, in_flight = deque(range(len(plan))), set()
+    records = [{} for _ in plan]
+    start = time.perf_counter()
+    while pending or in_flight:
+        while pending and len(in_flight) < concurrency:
+            i = pending.popleft()
+            records[i] = {"tier": tier_of(engine, plan[i]), "arrival": time.perf_counter()}
+            engine.add_request(str(i), prompt_token_ids=prompts[i], sampling_params=params,
+                               lora_request=plan[i])  # fmt: skip
+            in_flight.add(i)
+        outputs = engine.step()
+        if not outputs:
+            engine.wait_for_load(0.01)
+        now = time.perf_counter()
+        for out in outputs:
+            record = records[int(out.request_id)]
+            assert out.error is None, out.error
+            record.setdefault("first", now)
+            record["tokens"] = out.completion_tokens
+            if out.finished:
+                in_flight.discard(int(out.request_id))
+    return time.perf_counter() - start, records
+
+
+def ttft(records, tier) -> dict:
+    values = [r["first"] - r["arrival"] for r in records if r["tier"] == tier]
+    if not values:
+        return {"n": 0}
+    return {"n": len(values), "p50_s": round(percentile(values, 50), 3),
+            "p99_s": round(percentile(values, 99), 3)}  # fmt: skip
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", help="Hugging Face model folder (default: bundled SmolLM2)")
+    parser.add_argument("--adapters", type=int, default=100)
+    parser.add_argument("--requests", type=int, default=400)
+    parser.add_argument("--max-tokens", type=int, default=8)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--zipf", type=float, default=1.1)
+    parser.add_argument("--max-loras", type=int, default=8)
+    parser.add_argument("--max-cpu-loras", type=int, default=32)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    base = model_dir(args.model)
+    folders = make_adapters(base, args.adapters)
+    loras = [LoRARequest(f"adapter-{i}", f"bench-{i}", str(f)) for i, f in enumerate(folders)]
+    rng = random.Random(args.seed)
+    weights = [1 / (k + 1) ** args.zipf for k in range(args.adapters)]
+    picks = rng.choices(range(args.adapters), weights=weights, k=args.requests)
+    params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
+    config = {"model": base, "device": "cpu", "dtype": "float32", "enable_lora": True,
+              "max_loras": args.max_loras, "max_cpu_loras": args.max_cpu_loras}  # fmt: skip
+
+    engine = LLMEngine(**config)
+    prompts = chat_prompts(engine.tokenizer, args.requests)
+    engine.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=2))  # warm the path
+    zipf_s, zipf_records = run(engine, [loras[k] for k in picks], prompts, params,
+                               args.concurrency)  # fmt: skip
+    lora = engine.stats()["lora"]
+    engine.close()
+
+    warm = LLMEngine(**config)
+    hot = loras[: args.max_loras]
+    warm.generate(prompts[: len(hot)], SamplingParams(temperature=0, max_tokens=2),
+                  lora_request=hot)  # fmt: skip
+    warm_s, warm_records = run(warm, [hot[k % len(hot)] for k in picks], prompts, params,
+                               args.concurrency)  # fmt: skip
+    warm.close()
+
+    tokens = sum(r["tokens"] for r in zipf_records)
+    assert tokens == sum(r["tokens"] for r in warm_records) == args.requests * args.max_tokens
+    figures = {
+        "model": base.name,
+        "adapters": args.adapters,
+        "distinct_adapters_requested": len(set(picks)),
+        "requests": args.requests,
+        "max_tokens": args.max_tokens,
+        "concurrency": args.concurrency,
+        "max_loras": args.max_loras,
+        "max_cpu_loras": args.max_cpu_loras,
+        "zipf_tok_s": round(tokens / zipf_s, 1),
+        "warm8_tok_s": round(tokens / warm_s, 1),
+        "zipf_vs_warm8": round(warm_s / zipf_s, 3),
+        "hit_rate": {
+            tier: round(lora["hits"][tier] / lora["lookups"][tier], 3)
+            if lora["lookups"][tier]
+            else None
+            for tier in ("device", "host")
+        },
+        "lookups": lora["lookups"],
+        "hits": lora["hits"],
+        "loads": lora["loads"],
+        "evictions": lora["evictions"],
+        "ttft": {tier: ttft(zipf_records, tier) for tier in ("device", "host", "disk")},
+        "ttft_warm8_run": ttft(warm_records, "device"),
+    }
+    print(f"zipf {figures['zipf_tok_s']} tok/s vs warm-8 {figures['warm8_tok_s']} tok/s "
+          f"({figures['zipf_vs_warm8']}); hit rate {figures['hit_rate']}; loads "
+          f"{figures['loads']}; TTFT {figures['ttft']}")  # fmt: skip
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""The engine's LoRA layers on the Triton kernels (run by the Triton interpreter on CPU): the
+same logits as on the torch backend, through the engine's own slot stacks (strided views of
+one buffer), at prefill and decode. On a GPU the same path runs compiled.
+
+It runs in a child process: TRITON_INTERPRET must be set before Triton's modules load, which
+in this process may already have happened without it."""
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.engine.lora_fixtures import ALL_LINEAR
+
+ROOT = Path(__file__).resolve().parents[2]
+
+SCRIPT = r"""
+import sys
+
+import torch
+
+from inference.engine.lora import LoRARequest
+from inference.engine.sampling_params import SamplingParams
+from tests.engine.lora_fixtures import lora_engine
+
+model, *paths = sys.argv[1:]
+loras = [LoRARequest(f"t{i}", f"t{i}", p) for i, p in enumerate(paths)] + [None]
+
+
+def two_steps(engine):
+    futures = [engine.load_lora(lora) for lora in loras if lora is not None]
+    while not all(f.done() for f in futures):
+        engine.step()  # takes the finished loads in
+        engine.wait_for_load(0.05)
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    for i, lora in enumerate(loras):
+        engine.add_request(f"r{i}", prompt_token_ids=[5 + i, 9, 17, 33][: 2 + i],
+                           sampling_params=params, lora_request=lora)
+    logits = []
+    for step in range(2):
+        seqs, is_prefill = engine.scheduler.schedule()
+        assert is_prefill == (step == 0) and len(seqs) == len(loras)
+        out = engine.model_runner.compute_logits(seqs, is_prefill)
+        logits.append(out)
+        for seq, row in zip(seqs, out, strict=True):
+            seq.token_ids.append(int(row.argmax()))
+    return logits
+
+
+torch_engine = lora_engine(model, max_loras=2)
+assert torch_engine.model_runner.lora_slots.backend == "torch"
+expected = two_steps(torch_engine)
+import os
+
+os.environ["LORAPLEX_LORA_BACKEND"] = "triton"
+triton_engine = lora_engine(model, max_loras=2)
+assert triton_engine.model_runner.lora_slots.backend == "triton"
+for got, want in zip(two_steps(triton_engine), expected, strict=True):
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
+print("same logits")
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
+def test_triton_kernels_in_the_engine_match_the_torch_backend(lora_model_dir, adapters):
+    paths = [
+        adapters("t0", rank=8, targets=ALL_LINEAR),
+        adapters("t1", rank=4, targets=("q_proj", "v_proj")),
+    ]
+    env = {k: v for k, v in os.environ.items() if k != "LORAPLEX_LORA_BACKEND"}
+    env |= {"PYTHONPATH": str(ROOT), "TRITON_INTERPRET": "1"}
+    result = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(lora_model_dir), *map(str, paths)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0 and "same logits" in result.stdout, result.stderr[-3000:]
