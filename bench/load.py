@@ -173,11 +173,10 @@ async def herd(url, key, model, n, max_tokens):
 
 
 async def engine_alone(model_dir, workload, options, clients, seconds, max_tokens):
-    from inference.engine.lora import LoRARequest
-
     from inference.engine.async_engine import AsyncLLMEngine
     from inference.engine.config import EngineConfig
     from inference.engine.llm_engine import LLMEngine
+    from inference.engine.lora import LoRARequest
     from inference.engine.sampling_params import SamplingParams
 
     engine = AsyncLLMEngine(LLMEngine(EngineConfig(model=model_dir, **options)))

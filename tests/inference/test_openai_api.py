@@ -47,10 +47,9 @@ def test_streaming_equals_the_whole_answer_and_reports_usage(live_engine_server)
 
 
 def test_the_adapter_answers_what_the_engine_gives_for_it_directly(live_engine_server):
-    from inference.engine.lora import LoRARequest
-
     from inference.engine.config import EngineConfig
     from inference.engine.llm_engine import LLMEngine
+    from inference.engine.lora import LoRARequest
     from inference.engine.sampling_params import SamplingParams
 
     engine = LLMEngine(
