@@ -3,6 +3,12 @@
 Isolation is cheap to test everywhere because these three always exist.
 """
 
+import os
+
+# Triton kernels run on the CPU only under the interpreter, and the variable must be set
+# before any module defining @triton.jit kernels is imported: here, before every test module.
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
 import pytest
 from rest_framework.test import APIClient
 
