@@ -1,18 +1,21 @@
 """Mixed-adapter batch throughput: 8 requests on 8 distinct adapters against 8 on the base
 model (same engine, same prompts, one run), and against PEFT's own mixed-adapter batch.
 
-    .venv/bin/python bench/lora_mixed_batch.py [--model DIR] [--max-tokens 64] [--rounds 2]
+    .venv/bin/python bench/lora_mixed_batch.py [--model DIR] [--max-tokens 64] [--rounds 4]
 
 SmolLM2-135M by default, fp32 on CPU, greedy, eos ignored so every request makes exactly
 --max-tokens tokens. Adapters: rank 16 on all seven projections (bench/lora_common.py).
-The engine's base and LoRA runs alternate for --rounds rounds (the machine is shared, so
-load from elsewhere falls on both alike); each run times prefill and decode, wall clock.
+The engine's base and LoRA runs alternate for --rounds rounds, which one goes first
+alternating too; each run times prefill and decode, wall clock. The machine is shared, so
+besides the ratio of the totals the median of the per-round ratios is reported (a burst of
+load from elsewhere skews one round, not the median).
 PEFT runs `generate(..., adapter_names=[...])` once on a left-padded batch of the same
 prompts. Goals: LoRA >= 0.85 of base tokens/s; >= 2x PEFT. The last line is one JSON object.
 """
 
 import argparse
 import json
+import statistics
 import time
 
 import torch
@@ -62,7 +65,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", help="Hugging Face model folder (default: bundled SmolLM2)")
     parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--skip-peft", action="store_true")
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
     args = parser.parse_args()
@@ -79,11 +82,19 @@ def main():
     engine.generate(prompts, warm, lora_request=loras)  # loads all 8 into their slots
     engine.generate(prompts, warm)
     base_s = lora_s = 0.0
-    for _ in range(args.rounds):
-        seconds, base_tokens = engine_run(engine, prompts, [None] * N, params)
-        base_s += seconds
-        seconds, lora_tokens = engine_run(engine, prompts, loras, params)
-        lora_s += seconds
+    ratios = []
+    for r in range(args.rounds):  # alternate which goes first, so drift falls on both alike
+        order = [("base", [None] * N), ("lora", loras)]
+        seconds = {}
+        for name, loras_or_none in order if r % 2 == 0 else order[::-1]:
+            seconds[name], tokens = engine_run(engine, prompts, loras_or_none, params)
+            if name == "base":
+                base_tokens = tokens
+            else:
+                lora_tokens = tokens
+        base_s += seconds["base"]
+        lora_s += seconds["lora"]
+        ratios.append(seconds["base"] / seconds["lora"])
     total = N * args.max_tokens * args.rounds
     stats = engine.stats()["lora"]
     assert stats["loads"] == N and stats["evictions"]["device"] == 0
@@ -97,6 +108,8 @@ def main():
         "base_tok_s": round(total / base_s, 1),
         "lora_tok_s": round(total / lora_s, 1),
         "lora_vs_base": round(base_s / lora_s, 3),
+        "lora_vs_base_median_round": round(statistics.median(ratios), 3),
+        "lora_vs_base_rounds": [round(x, 3) for x in ratios],
         "outputs_differ_from_base": sum(
             a != b for a, b in zip(lora_tokens, base_tokens, strict=True)
         ),
