@@ -1,4 +1,5 @@
-# Two commands: `make run` (the platform on the embedded default) and `make test`.
+# Two commands: `make run` (the platform on the embedded default) and `make test`
+# (`make lint`: ruff check, ruff format --check, mypy; then pytest).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -25,12 +26,13 @@ $(DEV_STAMP): $(RUNTIME_STAMP) requirements-dev.txt
 run: $(RUNTIME_STAMP)
 	VENV=$(VENV) bash scripts/run-embedded.sh
 
-test: $(DEV_STAMP)
+test: $(DEV_STAMP) lint
 	LORAPLEX_VAR_DIR=$${LORAPLEX_VAR_DIR:-$(TEST_VAR_DIR)} $(PY) -m pytest
-	$(VENV)/bin/ruff check .
 
 lint: $(DEV_STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy .
 
 format: $(DEV_STAMP)
 	$(VENV)/bin/ruff format .

@@ -12,7 +12,6 @@ Prints tokens/s for both, the ratio, the engine's TTFT p50 (on its own clock; ev
 arrives at once) and peak RSS; the last line is one JSON object with the figures.
 """
 
-import argparse
 import json
 import resource
 import statistics
@@ -23,16 +22,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
+from common import bench_parser, chat_prompts, model_dir  # noqa: E402
 
-from inference.engine.llm_engine import LLMEngine  # noqa: E402
-from inference.engine.sampling_params import SamplingParams  # noqa: E402
+from inference.engine import EngineRequest, LLMEngine, SamplingParams  # noqa: E402
 
-TOPICS = [
-    "the water cycle", "how a bicycle stays upright", "photosynthesis", "the French Revolution",
-    "why the sky is blue", "compound interest", "how vaccines work", "the rules of chess",
-    "plate tectonics", "how a compiler works", "the history of tea", "black holes",
-    "how to bake bread", "the Roman aqueducts", "machine translation", "coral reefs",
-]  # fmt: skip
 FILLER = (
     "Please be precise, use simple words, and give one concrete example that a curious "
     "student could check at home. "
@@ -41,12 +34,7 @@ FILLER = (
 
 def build_prompts(engine: LLMEngine, n: int) -> list[list[int]]:
     """Chat prompts whose lengths spread from a short question to a few hundred tokens."""
-    prompts = []
-    for i in range(n):
-        question = f"Explain {TOPICS[i % len(TOPICS)]}. " + FILLER * (i * 13 % 17)
-        text = engine.tokenizer.apply_chat_template([{"role": "user", "content": question}])
-        prompts.append(engine.tokenizer.encode(text))
-    return prompts
+    return chat_prompts(engine.tokenizer, n, FILLER, repeats=lambda i: i * 13 % 17)
 
 
 def peak_rss_mib() -> float:
@@ -63,7 +51,7 @@ class EngineRun:
         self.seconds = 0.0
         params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
         for i, p in enumerate(prompts):
-            engine.add_request(str(i), prompt_token_ids=p, sampling_params=params)
+            engine.add_request(EngineRequest(str(i), prompt_token_ids=p, sampling_params=params))
 
     def step(self):
         if not self.engine.has_unfinished():
@@ -95,15 +83,8 @@ class Interleave:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", help="Hugging Face model folder (default: the bundled SmolLM2)")
-    parser.add_argument("--requests", type=int, default=16)
-    parser.add_argument("--max-tokens", type=int, default=128)
-    args = parser.parse_args()
-    if args.model is None:
-        from tests.smollm2 import smollm2_dir
-
-        args.model = str(smollm2_dir())
+    args = bench_parser(__doc__, requests=16, max_tokens=128).parse_args()
+    args.model = str(model_dir(args.model))
 
     engine = LLMEngine(model=args.model, device="cpu", dtype="float32")
     prompts = build_prompts(engine, args.requests)

@@ -12,7 +12,6 @@ The ratio of phase-1 to phase-3 tokens/s says whether the web layer is the bottl
 The last line printed is one JSON object of the figures.
 """
 
-import argparse
 import asyncio
 import json
 import os
@@ -24,6 +23,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from common import bench_parser, model_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -47,8 +48,11 @@ def percentile(values, q):
 
 def setup_platform(var_dir: Path, model_dir: Path, n_adapters: int, n_tenants: int):
     """Migrate, import the base model, make tenants, keys and ready adapters (+1 kept cold)."""
-    os.environ.update(LORAPLEX_VAR_DIR=str(var_dir), DJANGO_SETTINGS_MODULE="platform_site.settings",
-                      LORAPLEX_ENGINE="off")
+    os.environ.update(
+        LORAPLEX_VAR_DIR=str(var_dir),
+        DJANGO_SETTINGS_MODULE="platform_site.settings",
+        LORAPLEX_ENGINE="off",
+    )
     os.environ.pop("DATABASE_URL", None)
     import django
 
@@ -70,14 +74,26 @@ def setup_platform(var_dir: Path, model_dir: Path, n_adapters: int, n_tenants: i
     targets = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
     for i in range(n_adapters + 1):  # the last one stays cold for the thundering herd
         t = i % n_tenants
-        folder = make_peft_adapter(model_dir, var_dir / "peft" / f"a{i}", rank=16, alpha=32, targets=targets,
-                                   seed=i, std=0.02, base_model_name=base.name)
+        folder = make_peft_adapter(
+            model_dir,
+            var_dir / "peft" / f"a{i}",
+            rank=16,
+            alpha=32,
+            targets=targets,
+            seed=i,
+            std=0.02,
+            base_model_name=base.name,
+        )
         adapter = adapter_create(tenant=tenants[t], name=f"adapter-{i}", actor="bench")
-        with open(folder / "adapter_config.json", "rb") as c, open(folder / "adapter_model.safetensors", "rb") as w:
+        with (
+            open(folder / "adapter_config.json", "rb") as c,
+            open(folder / "adapter_model.safetensors", "rb") as w,
+        ):
             version, _ = adapter_version_create(adapter=adapter, config=c, weights=w, actor="bench")
-        version = adapter_version_validate(version_id=version.pk)
-        assert version.status == "ready", version.report
-        alias_set(adapter=adapter, name="production", version_number=version.number, actor="bench")
+        ready = adapter_version_validate(version_id=version.pk)
+        assert ready is not None, "the version is gone"
+        assert ready.status == "ready", ready.report
+        alias_set(adapter=adapter, name="production", version_number=ready.number, actor="bench")
         workload.append((keys[t], f"adapter-{i}", folder))
     return workload[:-1], workload[-1]
 
@@ -86,8 +102,11 @@ def start_server(env: dict) -> tuple[str, subprocess.Popen]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "manage.py", "serve", "--port", str(port), "--log-level", "warning"],
-                            cwd=ROOT, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "manage.py", "serve", "--port", str(port), "--log-level", "warning"],
+        cwd=ROOT,
+        env=env,
+    )
     import httpx
 
     url = f"http://127.0.0.1:{port}"
@@ -107,12 +126,20 @@ def start_server(env: dict) -> tuple[str, subprocess.Popen]:
 
 async def http_request(client, url, key, model, max_tokens, prompt):
     """One streaming chat request; returns (ttft seconds, completion tokens) or raises."""
-    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
-            "temperature": 0, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     start = time.perf_counter()
     ttft, tokens = None, 0
-    async with client.stream("POST", f"{url}/v1/chat/completions", json=body,
-                             headers={"Authorization": f"Bearer {key}"}) as response:
+    async with client.stream(
+        "POST", f"{url}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}
+    ) as response:
         if response.status_code != 200:
             raise RuntimeError(f"HTTP {response.status_code}: {await response.aread()}")
         async for line in response.aiter_lines():
@@ -121,7 +148,11 @@ async def http_request(client, url, key, model, max_tokens, prompt):
             chunk = json.loads(line[6:])
             if "error" in chunk:
                 raise RuntimeError(chunk["error"]["message"])
-            if ttft is None and chunk.get("choices") and chunk["choices"][0]["delta"].get("content"):
+            if (
+                ttft is None
+                and chunk.get("choices")
+                and chunk["choices"][0]["delta"].get("content")
+            ):
                 ttft = time.perf_counter() - start
             if chunk.get("usage"):
                 tokens = chunk["usage"]["completion_tokens"]
@@ -149,47 +180,73 @@ async def run_load(send, workload, clients: int, seconds: float, max_tokens: int
     start = time.perf_counter()
     await asyncio.gather(*(client_loop() for _ in range(clients)))
     elapsed = time.perf_counter() - start
-    return {"completed": done, "errors": len(errors), "error_samples": errors[:3], "tokens": tokens,
-            "tokens_per_s": tokens / elapsed, "ttft_p50_s": percentile(ttfts, 0.5),
-            "ttft_p99_s": percentile(ttfts, 0.99), "seconds": elapsed}
+    return {
+        "completed": done,
+        "errors": len(errors),
+        "error_samples": errors[:3],
+        "tokens": tokens,
+        "tokens_per_s": tokens / elapsed,
+        "ttft_p50_s": percentile(ttfts, 0.5),
+        "ttft_p99_s": percentile(ttfts, 0.99),
+        "seconds": elapsed,
+    }
 
 
 def metric_total(url, name) -> float:
     import httpx
 
     text = httpx.get(f"{url}/metrics", timeout=10).text
-    return sum(float(v) for v in re.findall(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.M))
+    return sum(
+        float(v) for v in re.findall(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.M)
+    )
 
 
 async def herd(url, key, model, n, max_tokens):
     import httpx
 
     async with httpx.AsyncClient(timeout=600) as client:
-        results = await asyncio.gather(*(http_request(client, url, key, model, max_tokens, PROMPTS[0])
-                                         for _ in range(n)), return_exceptions=True)
+        results = await asyncio.gather(
+            *(http_request(client, url, key, model, max_tokens, PROMPTS[0]) for _ in range(n)),
+            return_exceptions=True,
+        )
     ttfts = [r[0] for r in results if not isinstance(r, BaseException)]
-    return {"ok": len(ttfts), "errors": n - len(ttfts), "ttft_p50_s": percentile(ttfts, 0.5),
-            "ttft_p99_s": percentile(ttfts, 0.99)}
+    return {
+        "ok": len(ttfts),
+        "errors": n - len(ttfts),
+        "ttft_p50_s": percentile(ttfts, 0.5),
+        "ttft_p99_s": percentile(ttfts, 0.99),
+    }
 
 
 async def engine_alone(model_dir, workload, options, clients, seconds, max_tokens):
-    from inference.engine.async_engine import AsyncLLMEngine
-    from inference.engine.config import EngineConfig
-    from inference.engine.llm_engine import LLMEngine
-    from inference.engine.lora import LoRARequest
-    from inference.engine.sampling_params import SamplingParams
+    from inference.engine import (
+        AsyncLLMEngine,
+        EngineConfig,
+        EngineRequest,
+        LLMEngine,
+        LoRARequest,
+        SamplingParams,
+    )
 
     engine = AsyncLLMEngine(LLMEngine(EngineConfig(model=model_dir, **options)))
     tok = engine.engine.tokenizer
     counter = iter(range(10**9))
 
     async def send(key, model, folder, prompt):
-        ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": prompt}]), add_special_tokens=False)
+        ids = tok.encode(
+            tok.apply_chat_template([{"role": "user", "content": prompt}]), add_special_tokens=False
+        )
         params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
         start = time.perf_counter()
         ttft, n = None, 0
-        stream = engine.generate(f"r{next(counter)}", prompt_token_ids=ids, sampling_params=params,
-                                 lora_request=LoRARequest(name=model, adapter_id=model, path=str(folder)))
+        stream = engine.generate(
+            EngineRequest(
+                f"r{next(counter)}",
+                prompt_token_ids=ids,
+                sampling_params=params,
+                lora_request=LoRARequest(name=model, adapter_id=model, path=str(folder)),
+            )
+        )
         async for out in stream:
             if ttft is None and out.new_token_ids:
                 ttft = time.perf_counter() - start
@@ -203,31 +260,38 @@ async def engine_alone(model_dir, workload, options, clients, seconds, max_token
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", type=Path, help="converted SmolLM2 folder (default: tests/smollm2.py's)")
-    parser.add_argument("--clients", type=int, default=8)
-    parser.add_argument("--seconds", type=float, default=60)
-    parser.add_argument("--adapters", type=int, default=20)
-    parser.add_argument("--tenants", type=int, default=3)
-    parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--herd", type=int, default=50)
-    args = parser.parse_args()
-    if args.model is None:
-        from tests.smollm2 import smollm2_dir
-
-        args.model = smollm2_dir()
+    args = bench_parser(
+        __doc__, clients=8, seconds=60.0, adapters=20, tenants=3, max_tokens=32, herd=50
+    ).parse_args()
+    args.model = model_dir(args.model)
     var_dir = Path(tempfile.mkdtemp(prefix="loraplex-load-"))
     workload, cold = setup_platform(var_dir, args.model.resolve(), args.adapters, args.tenants)
-    options = {"max_loras": 8, "max_cpu_loras": 32, "max_lora_rank": 16, "max_num_seqs": 64, "enable_lora": True}
-    env = {**os.environ, "LORAPLEX_ENGINE": "on", "LORAPLEX_MAX_LORAS": "8", "LORAPLEX_MAX_CPU_LORAS": "32",
-           "LORAPLEX_MAX_LORA_RANK": "16", "LORAPLEX_RATE_LIMIT_RPM": "0", "LORAPLEX_RATE_LIMIT_TPM": "0",
-           "LORAPLEX_TENANT_MAX_CONCURRENCY": "0"}
+    options = {
+        "max_loras": 8,
+        "max_cpu_loras": 32,
+        "max_lora_rank": 16,
+        "max_num_seqs": 64,
+        "enable_lora": True,
+    }
+    env = {
+        **os.environ,
+        "LORAPLEX_ENGINE": "on",
+        "LORAPLEX_MAX_LORAS": "8",
+        "LORAPLEX_MAX_CPU_LORAS": "32",
+        "LORAPLEX_MAX_LORA_RANK": "16",
+        "LORAPLEX_RATE_LIMIT_RPM": "0",
+        "LORAPLEX_RATE_LIMIT_TPM": "0",
+        "LORAPLEX_TENANT_MAX_CONCURRENCY": "0",
+    }
     url, proc = start_server(env)
     try:
         import httpx
 
         async def http_phase():
-            async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=args.clients * 2)) as c:
+            async with httpx.AsyncClient(
+                timeout=600, limits=httpx.Limits(max_connections=args.clients * 2)
+            ) as c:
+
                 async def send(key, model, folder, prompt):
                     return await http_request(c, url, key, model, args.max_tokens, prompt)
 
@@ -239,20 +303,34 @@ def main():
         cold_herd = asyncio.run(herd(url, cold[0], cold[1], args.herd, 8))
         loads_for_herd = metric_total(url, "loraplex_lora_loads_total") - loads_before
         warm_herd = asyncio.run(herd(url, cold[0], cold[1], args.herd, 8))
-        print("herd", json.dumps({"cold": cold_herd, "warm": warm_herd, "loads": loads_for_herd}), flush=True)
+        print(
+            "herd",
+            json.dumps({"cold": cold_herd, "warm": warm_herd, "loads": loads_for_herd}),
+            flush=True,
+        )
     finally:
         proc.terminate()
         proc.wait(timeout=60)
-    alone = asyncio.run(engine_alone(args.model, workload, options, args.clients, args.seconds, args.max_tokens))
+    alone = asyncio.run(
+        engine_alone(args.model, workload, options, args.clients, args.seconds, args.max_tokens)
+    )
     print("engine alone", json.dumps(alone), flush=True)
     figures = {
-        "clients": args.clients, "seconds": args.seconds, "adapters": args.adapters, "tenants": args.tenants,
-        "http_completed": http["completed"], "http_errors": http["errors"],
-        "http_tokens_per_s": round(http["tokens_per_s"], 2), "http_ttft_p50_s": http["ttft_p50_s"],
-        "http_ttft_p99_s": http["ttft_p99_s"], "engine_tokens_per_s": round(alone["tokens_per_s"], 2),
+        "clients": args.clients,
+        "seconds": args.seconds,
+        "adapters": args.adapters,
+        "tenants": args.tenants,
+        "http_completed": http["completed"],
+        "http_errors": http["errors"],
+        "http_tokens_per_s": round(http["tokens_per_s"], 2),
+        "http_ttft_p50_s": http["ttft_p50_s"],
+        "http_ttft_p99_s": http["ttft_p99_s"],
+        "engine_tokens_per_s": round(alone["tokens_per_s"], 2),
         "http_over_engine": round(http["tokens_per_s"] / alone["tokens_per_s"], 3),
-        "herd_loads": loads_for_herd, "herd_cold_ttft_p99_s": cold_herd["ttft_p99_s"],
-        "herd_warm_ttft_p99_s": warm_herd["ttft_p99_s"], "herd_errors": cold_herd["errors"] + warm_herd["errors"],
+        "herd_loads": loads_for_herd,
+        "herd_cold_ttft_p99_s": cold_herd["ttft_p99_s"],
+        "herd_warm_ttft_p99_s": warm_herd["ttft_p99_s"],
+        "herd_errors": cold_herd["errors"] + warm_herd["errors"],
     }
     print(json.dumps(figures))
 

@@ -4,7 +4,7 @@ model (same engine, same prompts, one run), and against PEFT's own mixed-adapter
     .venv/bin/python bench/lora_mixed_batch.py [--model DIR] [--max-tokens 64] [--rounds 4]
 
 SmolLM2-135M by default, fp32 on CPU, greedy, eos ignored so every request makes exactly
---max-tokens tokens. Adapters: rank 16 on all seven projections (bench/lora_common.py).
+--max-tokens tokens. Adapters: rank 16 on all seven projections (bench/common.py).
 The engine's base and LoRA runs alternate for --rounds rounds, which one goes first
 alternating too; each run times prefill and decode, wall clock. The machine is shared, so
 besides the ratio of the totals the median of the per-round ratios is reported (a burst of
@@ -13,17 +13,14 @@ PEFT runs `generate(..., adapter_names=[...])` three times on a left-padded batc
 same prompts; its median run is compared with the engine's median LoRA round. Goals: LoRA >= 0.85 of base tokens/s; >= 2x PEFT. The last line is one JSON object.
 """
 
-import argparse
 import json
 import statistics
 import time
 
 import torch
-from lora_common import chat_prompts, make_adapters, model_dir
+from common import bench_parser, chat_prompts, make_adapters, model_dir
 
-from inference.engine.llm_engine import LLMEngine
-from inference.engine.lora import LoRARequest
-from inference.engine.sampling_params import SamplingParams
+from inference.engine import LLMEngine, LoRARequest, SamplingParams
 
 N = 8
 
@@ -64,11 +61,7 @@ def peft_runs(base, folders, prompts, max_tokens, pad, runs) -> tuple[list[float
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", help="Hugging Face model folder (default: bundled SmolLM2)")
-    parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--rounds", type=int, default=4)
-    parser.add_argument("--skip-peft", action="store_true")
+    parser = bench_parser(__doc__, max_tokens=64, rounds=4, skip_peft=False)
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
     args = parser.parse_args()
     if args.threads:

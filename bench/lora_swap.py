@@ -3,7 +3,7 @@ and disk to host memory (p50 over the loads).
 
     .venv/bin/python bench/lora_swap.py [--model DIR] [--adapters 16] [--swaps 200]
 
-SmolLM2-135M by default, fp32, rank-16 adapters on all seven projections (19.5 MB each).
+SmolLM2-135M by default, fp32, rank-16 adapters on all seven projections.
 Loads go through the engine's loader (safetensors read, every PEFT rule checked, packed into
 a slot row) one at a time: the time from `load_lora` to the adapter being in host memory.
 The files were just written or read, so "disk" is the page cache here. A swap-in is the
@@ -12,23 +12,17 @@ copy from pinned memory, timed with CUDA events), cycling through the host adapt
 lands in a slot another one held. Goal: swap-in p99 < 10 ms. The last line is one JSON object.
 """
 
-import argparse
 import json
 import time
 
 import torch
-from lora_common import make_adapters, model_dir, percentile
+from common import bench_parser, make_adapters, model_dir, percentile
 
-from inference.engine.llm_engine import LLMEngine
-from inference.engine.lora import LoRARequest
+from inference.engine import LLMEngine, LoRARequest
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", help="Hugging Face model folder (default: bundled SmolLM2)")
-    parser.add_argument("--adapters", type=int, default=16)
-    parser.add_argument("--swaps", type=int, default=200)
-    args = parser.parse_args()
+    args = bench_parser(__doc__, adapters=16, swaps=200).parse_args()
     base = model_dir(args.model)
     folders = make_adapters(base, args.adapters)
     engine = LLMEngine(model=base, enable_lora=True, max_loras=8, max_cpu_loras=args.adapters,

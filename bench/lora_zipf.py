@@ -13,20 +13,18 @@ where the adapter was when the request arrived: device (warm), host, or disk (co
 requests that joined a load already running). The last line is one JSON object.
 """
 
-import argparse
 import json
 import random
 import time
 from collections import deque
 
-from lora_common import chat_prompts, make_adapters, model_dir, percentile
+from common import bench_parser, chat_prompts, make_adapters, model_dir, percentile
 
-from inference.engine.llm_engine import LLMEngine
-from inference.engine.lora import LoRARequest
-from inference.engine.sampling_params import SamplingParams
+from inference.engine import EngineRequest, LLMEngine, LoRARequest, SamplingParams
 
 
 def tier_of(engine: LLMEngine, lora: LoRARequest) -> str:
+    assert engine.lora_manager is not None, "the engine runs with LoRA on"
     entry = engine.lora_manager.adapters.get(lora.adapter_id)
     if entry is not None and entry.slot is not None:
         return "device"
@@ -34,15 +32,15 @@ def tier_of(engine: LLMEngine, lora: LoRARequest) -> str:
 
 
 def run(engine, plan, prompts, params, concurrency) -> tuple[float, list[dict]]:
-    pending, in_flight = deque(range(len(plan))), set()
-    records = [{} for _ in plan]
+    pending, in_flight = deque(range(len(plan))), set[int]()
+    records: list[dict] = [{} for _ in plan]
     start = time.perf_counter()
     while pending or in_flight:
         while pending and len(in_flight) < concurrency:
             i = pending.popleft()
             records[i] = {"tier": tier_of(engine, plan[i]), "arrival": time.perf_counter()}
-            engine.add_request(str(i), prompt_token_ids=prompts[i], sampling_params=params,
-                               lora_request=plan[i])  # fmt: skip
+            engine.add_request(EngineRequest(str(i), prompt_token_ids=prompts[i], sampling_params=params,
+                               lora_request=plan[i]))  # fmt: skip
             in_flight.add(i)
         outputs = engine.step()
         if not outputs:
@@ -67,17 +65,8 @@ def ttft(records, tier) -> dict:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", help="Hugging Face model folder (default: bundled SmolLM2)")
-    parser.add_argument("--adapters", type=int, default=100)
-    parser.add_argument("--requests", type=int, default=400)
-    parser.add_argument("--max-tokens", type=int, default=8)
-    parser.add_argument("--concurrency", type=int, default=16)
-    parser.add_argument("--zipf", type=float, default=1.1)
-    parser.add_argument("--max-loras", type=int, default=8)
-    parser.add_argument("--max-cpu-loras", type=int, default=32)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
+    workload = {"adapters": 100, "requests": 400, "max_tokens": 8, "concurrency": 16, "zipf": 1.1}
+    args = bench_parser(__doc__, **workload, max_loras=8, max_cpu_loras=32, seed=0).parse_args()
     base = model_dir(args.model)
     folders = make_adapters(base, args.adapters)
     loras = [LoRARequest(f"adapter-{i}", f"bench-{i}", str(f)) for i, f in enumerate(folders)]

@@ -5,9 +5,10 @@ The OpenAI endpoints are CSRF-exempt because API clients send no cookies; a sess
 caller therefore gets the CSRF check here, exactly as DRF does for its session auth.
 """
 
+from django.http import HttpRequest, HttpResponse
 from django.middleware.csrf import CsrfViewMiddleware
 
-from tenants.keyauth import KeyRejected, api_key_from_header
+from tenants.keyauth import CsrfFailed, InsufficientScope, api_key_from_header
 from tenants.principal import SESSION_TENANT, TENANT_HEADER, Principal, principal_for
 from tenants.scopes import INFERENCE
 from tenants.services import api_key_touch
@@ -18,14 +19,19 @@ class _CsrfCheck(CsrfViewMiddleware):
         return reason
 
 
+def _no_view(request: HttpRequest) -> HttpResponse:
+    """Stands in for the middleware's get_response and the view: process_view calls neither."""
+    raise NotImplementedError
+
+
 def inference_principal(request, *, scope: str = INFERENCE) -> Principal:
-    """Runs in a thread (it reads the database). Raises KeyRejected with status and code."""
+    """Runs in a thread (it reads the database). Raises a KeyRejected saying why not."""
     header = request.META.get("HTTP_AUTHORIZATION")
     user = getattr(request, "user", None)
     if not header and user is not None and user.is_authenticated:
-        reason = _CsrfCheck(lambda r: None).process_view(request, None, (), {})
+        reason = _CsrfCheck(_no_view).process_view(request, _no_view, (), {})
         if reason:
-            raise KeyRejected(403, "csrf_failed", f"CSRF check failed: {reason}.")
+            raise CsrfFailed(f"CSRF check failed: {reason}.")
         slug = request.META.get(TENANT_HEADER) or request.session.get(SESSION_TENANT)
         principal = principal_for(user=user, tenant_slug=slug)
     else:
@@ -33,5 +39,5 @@ def inference_principal(request, *, scope: str = INFERENCE) -> Principal:
         api_key_touch(api_key=api_key)
         principal = principal_for(api_key=api_key)
     if not principal.has_scope(scope):
-        raise KeyRejected(403, "insufficient_scope", principal.missing_scope_message(scope))
+        raise InsufficientScope(principal.missing_scope_message(scope))
     return principal

@@ -10,16 +10,18 @@ import logging
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 
 from platform_site.health import READINESS_CHECKS
 
+from .errors import EngineUnavailable
+
+if TYPE_CHECKING:
+    from inference.engine import AsyncLLMEngine
+
 logger = logging.getLogger(__name__)
-
-
-class EngineUnavailable(Exception):
-    """No engine in this process: turned off, no base model imported, or it failed to start."""
 
 
 @dataclass(frozen=True)
@@ -30,9 +32,9 @@ class ServedModel:
 
 
 class EngineHost:
-    def __init__(self):
+    def __init__(self) -> None:
         self._lock = threading.Lock()
-        self.engine = None  # AsyncLLMEngine once started
+        self.engine: AsyncLLMEngine | None = None
         self.model: ServedModel | None = None
         self.error: str | None = None
 
@@ -51,7 +53,9 @@ class EngineHost:
             if self.engine is not None:
                 return self.engine
             if not settings.ENGINE_ENABLED:
-                raise EngineUnavailable("This replica serves the control plane only (LORAPLEX_ENGINE=off).")
+                raise EngineUnavailable(
+                    "This replica serves the control plane only (LORAPLEX_ENGINE=off)."
+                )
             try:
                 self.engine, self.model = _build_engine()
                 self.error = None
@@ -75,9 +79,7 @@ class EngineHost:
 
 
 def _build_engine():
-    from inference.engine.async_engine import AsyncLLMEngine
-    from inference.engine.config import EngineConfig
-    from inference.engine.llm_engine import LLMEngine
+    from inference.engine import AsyncLLMEngine, EngineConfig, LLMEngine
     from registry.selectors import base_model_served
 
     base = base_model_served()

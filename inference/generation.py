@@ -2,47 +2,45 @@
 
 `prepare` does everything that can refuse a request (auth, parsing, limits, model
 resolution, tokenizing) before anything reaches the engine, so a refusal costs the engine
-nothing. `respond_json` and `respond_stream` then drive the engine's async stream; every
-request, however it ends, leaves one usage record and releases its concurrency slot.
+nothing; each refusal is an ApiError (inference/errors.py) or one of the engine's own,
+which the view answers through platform_site/error_responses.py. `respond_json` and
+`respond_stream` then drive the engine's async stream; every request, however it ends,
+leaves one usage record and releases its concurrency slot.
 """
 
 import asyncio
 import time
 import uuid
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
 
-from inference.engine.errors import EngineError, PromptTooLongError
-from inference.engine.sampling_params import SamplingParams
-from tenants.keyauth import KeyRejected
+from inference.engine import EngineRequest, SamplingParams
+from platform_site.error_responses import error_body, to_api_error
 from tenants.models import UsageRecord
+from tenants.principal import Principal
 
 from . import ratelimit, usage
 from .auth import inference_principal
-from .engine_host import HOST, EngineUnavailable
+from .engine_host import HOST
+from .errors import ContextLengthExceeded, ProtocolError, RequestTooLarge
 from .metrics import HTTP_REQUESTS
-from .openai_protocol import ProtocolError, load_json, parse_chat_request, parse_completion_request
+from .openai_protocol import load_json, parse_chat_request, parse_completion_request
 from .openai_responses import SSE_DONE, CompletionBuilder, sse
-from .resolution import ModelNotFound, ModelNotServable, resolve_model
+from .resolution import ResolvedModel, resolve_model
 
-
-class ApiFailure(Exception):
-    """A refusal with its HTTP status and OpenAI error code."""
-
-    def __init__(self, status: int, code: str, message: str, *, param=None, headers=None):
-        super().__init__(message)
-        self.status, self.code, self.message, self.param = status, code, message, param
-        self.headers = headers or {}
+if TYPE_CHECKING:
+    from inference.engine import AsyncLLMEngine, RequestStream
 
 
 @dataclass
 class Prepared:
     kind: str  # "chat" or "text"
-    principal: object
-    resolved: object
-    engine: object
+    principal: Principal
+    resolved: ResolvedModel
+    engine: "AsyncLLMEngine"
     prompt_ids: list[int]
     params: SamplingParams
     builder: CompletionBuilder
@@ -51,44 +49,23 @@ class Prepared:
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     started: float = field(default_factory=time.monotonic)
     first_token_at: float | None = None
-    outputs: object = None  # the engine's RequestStream
+    outputs: "RequestStream" = field(init=False)  # set by prepare() once the engine took it
 
 
 async def prepare(request, kind: str) -> Prepared:
-    try:
-        return await _prepare(request, kind)
-    except ApiFailure:
-        raise
-    except KeyRejected as exc:
-        raise ApiFailure(exc.status, exc.code, exc.message) from None
-    except ProtocolError as exc:
-        raise ApiFailure(400, exc.code, exc.message, param=exc.param) from None
-    except ratelimit.RateLimited as exc:
-        raise ApiFailure(429, exc.code, exc.message, headers={"Retry-After": str(exc.retry_after)}) from None
-    except ModelNotFound as exc:
-        raise ApiFailure(404, "model_not_found", str(exc), param="model") from None
-    except ModelNotServable as exc:
-        raise ApiFailure(409, "model_not_servable", str(exc), param="model") from None
-    except EngineUnavailable as exc:
-        raise ApiFailure(503, "engine_unavailable", str(exc)) from None
-    except PromptTooLongError as exc:
-        raise ApiFailure(400, "context_length_exceeded", str(exc), param="messages") from None
-    except EngineError as exc:
-        raise ApiFailure(400, "invalid_request", str(exc)) from None
-
-
-async def _prepare(request, kind: str) -> Prepared:
     principal = await sync_to_async(inference_principal)(request)
     length = int(request.META.get("CONTENT_LENGTH") or 0)
     if length > settings.MAX_REQUEST_BYTES:
-        raise ApiFailure(413, "request_too_large",
-                         f"The request body is {length} bytes; the limit is {settings.MAX_REQUEST_BYTES}.")
+        raise RequestTooLarge(
+            f"The request body is {length} bytes; the limit is {settings.MAX_REQUEST_BYTES}."
+        )
     body = load_json(request.body)
     parsed = parse_chat_request(body) if kind == "chat" else parse_completion_request(body)
     if principal.api_key is not None:
         await sync_to_async(ratelimit.check_request_rate)(key_id=principal.api_key.prefix)
     await sync_to_async(ratelimit.check_token_budget)(tenant_id=principal.tenant.id)
     engine = HOST.engine or await sync_to_async(HOST.start, thread_sensitive=False)()
+    assert HOST.model is not None, "set together with the engine"
     resolved = await sync_to_async(resolve_model)(
         tenant=principal.tenant, name=parsed.model, base_model_name=HOST.model.name
     )
@@ -96,24 +73,37 @@ async def _prepare(request, kind: str) -> Prepared:
     prompt_ids = _prompt_ids(llm.tokenizer, parsed)
     room = llm.max_seq_len - len(prompt_ids)
     if room < 1:
-        raise PromptTooLongError(
+        raise ContextLengthExceeded(
             f"The prompt is {len(prompt_ids)} tokens; this model's context holds {llm.max_seq_len} "
-            "including at least one generated token."
+            "including at least one generated token.",
+            param="messages" if parsed.messages is not None else "prompt",
         )
     max_tokens = parsed.max_tokens if parsed.max_tokens is not None else room
     if max_tokens > room:
         param = parsed.max_tokens_param
-        raise ApiFailure(400, "context_length_exceeded",
-                         f"{param} is {max_tokens} but the prompt ({len(prompt_ids)} tokens) leaves room "
-                         f"for {room} in this model's {llm.max_seq_len}-token context.", param=param)
+        raise ContextLengthExceeded(
+            f"{param} is {max_tokens} but the prompt ({len(prompt_ids)} tokens) leaves room "
+            f"for {room} in this model's {llm.max_seq_len}-token context.",
+            param=param,
+        )
     params = SamplingParams(max_tokens=max_tokens, **parsed.sampling_kwargs())
     builder = CompletionBuilder(
-        kind=kind, model=parsed.model, logprobs=parsed.logprobs,
+        kind=kind,
+        model=parsed.model,
+        logprobs=parsed.logprobs,
         decode_token=lambda tid: llm.tokenizer.decode([tid], skip_special_tokens=False),
     )
-    prepared = Prepared(kind=kind, principal=principal, resolved=resolved, engine=engine,
-                        prompt_ids=prompt_ids, params=params, builder=builder,
-                        include_usage=parsed.include_usage, stream=parsed.stream)
+    prepared = Prepared(
+        kind=kind,
+        principal=principal,
+        resolved=resolved,
+        engine=engine,
+        prompt_ids=prompt_ids,
+        params=params,
+        builder=builder,
+        include_usage=parsed.include_usage,
+        stream=parsed.stream,
+    )
     ratelimit.acquire_slot(principal.tenant.id)
     try:
         prepared.outputs = _start(prepared)  # the engine validates here: errors are still 4xx
@@ -130,19 +120,24 @@ def _prompt_ids(tokenizer, parsed) -> list[int]:
     if isinstance(parsed.prompt, list):
         bad = [t for t in parsed.prompt if t >= tokenizer.vocab_size]
         if bad:
-            raise ProtocolError(f"prompt holds token id {bad[0]}, outside the vocabulary of "
-                                f"{tokenizer.vocab_size}.", param="prompt")
+            raise ProtocolError(
+                f"prompt holds token id {bad[0]}, outside the vocabulary of "
+                f"{tokenizer.vocab_size}.",
+                param="prompt",
+            )
         return list(parsed.prompt)
     return tokenizer.encode(parsed.prompt)
 
 
 def _start(prepared: Prepared):
     return prepared.engine.generate(
-        prepared.request_id,
-        prompt_token_ids=prepared.prompt_ids,
-        sampling_params=prepared.params,
-        lora_request=prepared.resolved.lora_request,
-        fairness_key=str(prepared.principal.tenant.id),
+        EngineRequest(
+            prepared.request_id,
+            sampling_params=prepared.params,
+            prompt_token_ids=prepared.prompt_ids,
+            lora_request=prepared.resolved.lora_request,
+            fairness_key=str(prepared.principal.tenant.id),
+        )
     )
 
 
@@ -152,13 +147,13 @@ async def respond_json(prepared: Prepared) -> dict:
         async for out in prepared.outputs:
             _note_first_token(prepared, out)
             prepared.builder.add(out)
-        status = UsageRecord.ABORTED if prepared.builder.finish_reason == "abort" else UsageRecord.OK
+        status = (
+            UsageRecord.ABORTED if prepared.builder.finish_reason == "abort" else UsageRecord.OK
+        )
         return prepared.builder.final_body()
     except asyncio.CancelledError:
         status = UsageRecord.ABORTED
         raise
-    except EngineError as exc:
-        raise ApiFailure(503, "adapter_unavailable", str(exc)) from None
     finally:
         _finish(prepared, status)
 
@@ -182,8 +177,10 @@ async def respond_stream(prepared: Prepared):
     except asyncio.CancelledError:
         status = UsageRecord.ABORTED
         raise
-    except EngineError as exc:  # e.g. the adapter failed to load: tell the client in-stream
-        yield sse({"error": {"message": str(exc), "type": "api_error", "code": "adapter_unavailable"}})
+    except (
+        Exception
+    ) as exc:  # e.g. the adapter failed to load; the headers are sent: say it in-stream
+        yield sse(error_body(to_api_error(exc)))
         yield SSE_DONE
     finally:
         _finish(prepared, status)
@@ -197,7 +194,9 @@ def _note_first_token(prepared: Prepared, out):
 def _finish(prepared: Prepared, status: str):
     ratelimit.release_slot(prepared.principal.tenant.id)
     b = prepared.builder
-    ratelimit.charge_tokens(tenant_id=prepared.principal.tenant.id, tokens=b.prompt_tokens + b.completion_tokens)
+    ratelimit.charge_tokens(
+        tenant_id=prepared.principal.tenant.id, tokens=b.prompt_tokens + b.completion_tokens
+    )
     HTTP_REQUESTS.labels(endpoint=prepared.kind, status=status).inc()
     now = time.monotonic()
     usage.start_writer()
@@ -209,7 +208,9 @@ def _finish(prepared: Prepared, status: str):
         endpoint="chat.completions" if prepared.kind == "chat" else "completions",
         prompt_tokens=b.prompt_tokens or len(prepared.prompt_ids),
         completion_tokens=b.completion_tokens,
-        ttft_ms=int((prepared.first_token_at - prepared.started) * 1000) if prepared.first_token_at else None,
+        ttft_ms=int((prepared.first_token_at - prepared.started) * 1000)
+        if prepared.first_token_at
+        else None,
         duration_ms=int((now - prepared.started) * 1000),
         status=status,
     )

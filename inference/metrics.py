@@ -14,17 +14,28 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 REGISTRY = CollectorRegistry(auto_describe=True)
 
 HTTP_REQUESTS = Counter(
-    "loraplex_http_requests", "OpenAI-compatible API requests by endpoint and HTTP status.",
-    ["endpoint", "status"], registry=REGISTRY,
+    "loraplex_http_requests",
+    "OpenAI-compatible API requests by endpoint and HTTP status.",
+    ["endpoint", "status"],
+    registry=REGISTRY,
 )
 
 _HISTOGRAMS = {
     "time_to_first_token": ("loraplex_time_to_first_token_seconds", "Arrival to first token."),
-    "inter_token_latency": ("loraplex_inter_token_latency_seconds", "Time between tokens of a request."),
+    "inter_token_latency": (
+        "loraplex_inter_token_latency_seconds",
+        "Time between tokens of a request.",
+    ),
     "e2e_latency": ("loraplex_e2e_request_latency_seconds", "Arrival to finish."),
     "queue_time": ("loraplex_request_queue_time_seconds", "Arrival to first scheduled."),
-    "lora_swap_in": ("loraplex_lora_swap_in_seconds", "Copying an adapter from host memory into a device slot."),
-    "lora_load": ("loraplex_lora_load_seconds", "Loading an adapter from disk (or object storage) to host memory."),
+    "lora_swap_in": (
+        "loraplex_lora_swap_in_seconds",
+        "Copying an adapter from host memory into a device slot.",
+    ),
+    "lora_load": (
+        "loraplex_lora_load_seconds",
+        "Loading an adapter from disk (or object storage) to host memory.",
+    ),
 }
 
 
@@ -38,17 +49,34 @@ class EngineCollector:
         stats = self.stats_source()
         if stats is None:
             return
-        yield _gauge("loraplex_requests_running", "Requests in the running batch.", stats["requests_running"])
-        yield _gauge("loraplex_requests_waiting", "Requests waiting to be scheduled.", stats["requests_waiting"])
+        yield _gauge(
+            "loraplex_requests_running", "Requests in the running batch.", stats["requests_running"]
+        )
+        yield _gauge(
+            "loraplex_requests_waiting",
+            "Requests waiting to be scheduled.",
+            stats["requests_waiting"],
+        )
         used, total = stats["kv_blocks_used"], stats["kv_blocks_total"]
         yield _gauge("loraplex_kv_cache_blocks_used", "KV cache blocks in use.", used)
         yield _gauge("loraplex_kv_cache_blocks_total", "KV cache blocks in the budget.", total)
-        yield _gauge("loraplex_kv_cache_usage_ratio", "Share of KV cache blocks in use (0-1).", used / max(total, 1))
+        yield _gauge(
+            "loraplex_kv_cache_usage_ratio",
+            "Share of KV cache blocks in use (0-1).",
+            used / max(total, 1),
+        )
         yield _counter("loraplex_prompt_tokens", "Prompt tokens processed.", stats["prompt_tokens"])
-        yield _counter("loraplex_generation_tokens", "Tokens generated.", stats["generation_tokens"])
-        yield _counter("loraplex_preemptions", "Requests preempted for lack of KV blocks.", stats["preemptions"])
-        finished = CounterMetricFamily("loraplex_requests_finished", "Finished requests by reason.",
-                                       labels=["finish_reason"])
+        yield _counter(
+            "loraplex_generation_tokens", "Tokens generated.", stats["generation_tokens"]
+        )
+        yield _counter(
+            "loraplex_preemptions",
+            "Requests preempted for lack of KV blocks.",
+            stats["preemptions"],
+        )
+        finished = CounterMetricFamily(
+            "loraplex_requests_finished", "Finished requests by reason.", labels=["finish_reason"]
+        )
         for reason, count in stats["finished"].items():
             finished.add_metric([reason], count)
         yield finished
@@ -62,38 +90,68 @@ class EngineCollector:
 
 
 def _lora_metrics(lora: dict):
-    lookups = CounterMetricFamily("loraplex_lora_lookups", "Adapter lookups by the tier asked.", labels=["tier"])
-    hits = CounterMetricFamily("loraplex_lora_hits", "Adapter lookups answered by that tier.", labels=["tier"])
+    lookups = CounterMetricFamily(
+        "loraplex_lora_lookups", "Adapter lookups by the tier asked.", labels=["tier"]
+    )
+    hits = CounterMetricFamily(
+        "loraplex_lora_hits", "Adapter lookups answered by that tier.", labels=["tier"]
+    )
     for tier, count in lora.get("lookups", {}).items():
         lookups.add_metric([tier], count)
     for tier, count in lora.get("hits", {}).items():
         hits.add_metric([tier], count)
     yield lookups
     yield hits
-    yield _counter("loraplex_lora_loads", "Adapter loads from disk or object storage.", lora.get("loads", 0))
-    yield _counter("loraplex_lora_load_failures", "Adapter loads that failed.", lora.get("load_failures", 0))
-    evictions = CounterMetricFamily("loraplex_lora_evictions", "Adapters evicted, by tier.", labels=["tier"])
+    yield _counter(
+        "loraplex_lora_loads", "Adapter loads from disk or object storage.", lora.get("loads", 0)
+    )
+    yield _counter(
+        "loraplex_lora_load_failures", "Adapter loads that failed.", lora.get("load_failures", 0)
+    )
+    evictions = CounterMetricFamily(
+        "loraplex_lora_evictions", "Adapters evicted, by tier.", labels=["tier"]
+    )
     for tier, count in lora.get("evictions", {}).items():
         evictions.add_metric([tier], count)
     yield evictions
-    yield _gauge("loraplex_lora_slots_used", "Device adapter slots holding an adapter.", lora.get("slots_used", 0))
-    yield _gauge("loraplex_lora_slots_total", "Device adapter slots (max_loras).", lora.get("slots_total", 0))
-    yield _gauge("loraplex_lora_waiting_adapters", "Adapters that requests wait for.", lora.get("adapters_waiting", 0))
+    yield _gauge(
+        "loraplex_lora_slots_used",
+        "Device adapter slots holding an adapter.",
+        lora.get("slots_used", 0),
+    )
+    yield _gauge(
+        "loraplex_lora_slots_total", "Device adapter slots (max_loras).", lora.get("slots_total", 0)
+    )
+    yield _gauge(
+        "loraplex_lora_waiting_adapters",
+        "Adapters that requests wait for.",
+        lora.get("adapters_waiting", 0),
+    )
 
 
 def _vllm_compatible(stats: dict):
     """The three gauges LoRA-aware routers (Gateway API Inference Extension, llm-d) read."""
-    yield _gauge("vllm:num_requests_waiting", "Requests waiting (vLLM-compatible).", stats["requests_waiting"])
+    yield _gauge(
+        "vllm:num_requests_waiting",
+        "Requests waiting (vLLM-compatible).",
+        stats["requests_waiting"],
+    )
     used, total = stats["kv_blocks_used"], stats["kv_blocks_total"]
-    yield _gauge("vllm:kv_cache_usage_perc", "KV cache usage, 0-1 (vLLM-compatible).", used / max(total, 1))
+    yield _gauge(
+        "vllm:kv_cache_usage_perc", "KV cache usage, 0-1 (vLLM-compatible).", used / max(total, 1)
+    )
     lora = stats.get("lora") or {}
     info = GaugeMetricFamily(
-        "vllm:lora_requests_info", "Running and waiting adapters (vLLM-compatible).",
+        "vllm:lora_requests_info",
+        "Running and waiting adapters (vLLM-compatible).",
         labels=["running_lora_adapters", "waiting_lora_adapters", "max_lora"],
     )
     info.add_metric(
-        [",".join(lora.get("running_adapters", [])), ",".join(lora.get("waiting_adapter_names", [])),
-         str(lora.get("slots_total", 0))],
+        [
+            ",".join(lora.get("running_adapters", [])),
+            ",".join(lora.get("waiting_adapter_names", [])),
+            str(lora.get("slots_total", 0)),
+        ],
         time.time(),  # as vLLM does: routers read the newest sample
     )
     yield info
@@ -108,7 +166,10 @@ def _counter(name, doc, value):
 
 
 def _histogram(name, doc, snapshot):
-    buckets = [("+Inf" if bound == float("inf") else repr(float(bound)), count) for bound, count in snapshot["buckets"]]
+    buckets = [
+        ("+Inf" if bound == float("inf") else repr(float(bound)), count)
+        for bound, count in snapshot["buckets"]
+    ]
     return HistogramMetricFamily(name, doc, buckets=buckets, sum_value=snapshot["sum"])
 
 

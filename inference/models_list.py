@@ -1,5 +1,6 @@
 """GET /v1/models for one tenant: the base model, each adapter, and each adapter@alias."""
 
+from registry.model_names import alias_name
 from registry.models import AdapterVersion
 from registry.selectors import adapter_list, alias_list, base_model_served
 
@@ -9,19 +10,38 @@ def models_for_tenant(*, tenant) -> list[dict]:
     if base is None:
         return []
     created = int(base.created_at.timestamp())
-    data = [{"id": base.name, "object": "model", "created": created, "owned_by": "loraplex",
-             "root": base.name, "parent": None}]
+    data = [
+        {
+            "id": base.name,
+            "object": "model",
+            "created": created,
+            "owned_by": "loraplex",
+            "root": base.name,
+            "parent": None,
+        }
+    ]
     ready = set(
-        AdapterVersion.objects.filter(adapter__tenant=tenant, status=AdapterVersion.READY)
-        .values_list("adapter_id", flat=True)
+        AdapterVersion.objects.filter(
+            adapter__tenant=tenant, status=AdapterVersion.READY
+        ).values_list("adapter_id", flat=True)
     )
-    for adapter in adapter_list(tenant=tenant).filter(base_model=base, id__in=ready).order_by("name"):
+    for adapter in (
+        adapter_list(tenant=tenant).filter(base_model=base, id__in=ready).order_by("name")
+    ):
         data.append(_entry(adapter.name, adapter, tenant, base.name))
-    for alias in alias_list(tenant=tenant).filter(adapter__base_model=base).order_by("adapter__name", "name"):
-        data.append(_entry(f"{alias.adapter.name}@{alias.name}", alias.adapter, tenant, base.name))
+    for alias in (
+        alias_list(tenant=tenant).filter(adapter__base_model=base).order_by("adapter__name", "name")
+    ):
+        data.append(_entry(alias_name(alias, qualified=False), alias.adapter, tenant, base.name))
     return data
 
 
 def _entry(model_id: str, adapter, tenant, base_name: str) -> dict:
-    return {"id": model_id, "object": "model", "created": int(adapter.created_at.timestamp()),
-            "owned_by": tenant.slug, "root": base_name, "parent": base_name}
+    return {
+        "id": model_id,
+        "object": "model",
+        "created": int(adapter.created_at.timestamp()),
+        "owned_by": tenant.slug,
+        "root": base_name,
+        "parent": base_name,
+    }

@@ -8,6 +8,8 @@ an answer that silently ignored it.
 import json
 from dataclasses import dataclass, field
 
+from .errors import InvalidJson, ProtocolError, UnknownParameter, UnsupportedParameter
+
 MAX_TOP_LOGPROBS = 20
 MAX_STOP_SEQUENCES = 4
 
@@ -31,17 +33,26 @@ _NEUTRAL = {
 }
 # Metadata with no effect on generation.
 _IGNORED = {"user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier"}
-_COMMON = {"model", "stream", "stream_options", "temperature", "top_p", "top_k", "seed", "stop",
-           "ignore_eos"}
-CHAT_FIELDS = _COMMON | {"messages", "max_tokens", "max_completion_tokens", "logprobs", "top_logprobs"}
+_COMMON = {
+    "model",
+    "stream",
+    "stream_options",
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "stop",
+    "ignore_eos",
+}
+CHAT_FIELDS = _COMMON | {
+    "messages",
+    "max_tokens",
+    "max_completion_tokens",
+    "logprobs",
+    "top_logprobs",
+}
 COMPLETION_FIELDS = _COMMON | {"prompt", "max_tokens", "logprobs"}
 CHAT_ROLES = {"system", "developer", "user", "assistant"}
-
-
-class ProtocolError(ValueError):
-    def __init__(self, message: str, *, param: str | None = None, code: str = "invalid_request"):
-        super().__init__(message)
-        self.message, self.param, self.code = message, param, code
 
 
 @dataclass
@@ -79,9 +90,9 @@ def load_json(raw: bytes) -> dict:
     try:
         body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ProtocolError(f"The request body is not valid JSON: {exc}.", code="invalid_json") from None
+        raise InvalidJson(f"The request body is not valid JSON: {exc}.") from None
     if not isinstance(body, dict):
-        raise ProtocolError("The request body must be a JSON object.", code="invalid_json")
+        raise InvalidJson("The request body must be a JSON object.")
     return body
 
 
@@ -100,8 +111,11 @@ def parse_chat_request(body: dict) -> GenerationRequest:
     if top is not None:
         if not logprobs:
             raise ProtocolError("top_logprobs needs logprobs: true.", param="top_logprobs")
-        _require(_is_int(top) and 0 <= top <= MAX_TOP_LOGPROBS,
-                 f"top_logprobs must be an integer from 0 to {MAX_TOP_LOGPROBS}.", "top_logprobs")
+        _require(
+            _is_int(top) and 0 <= top <= MAX_TOP_LOGPROBS,
+            f"top_logprobs must be an integer from 0 to {MAX_TOP_LOGPROBS}.",
+            "top_logprobs",
+        )
     request.logprobs = (top or 0) if logprobs else None
     return request
 
@@ -113,8 +127,11 @@ def parse_completion_request(body: dict) -> GenerationRequest:
     request.max_tokens = _optional_positive_int(body.get("max_tokens", 16), "max_tokens")
     logprobs = body.get("logprobs")
     if logprobs is not None:
-        _require(_is_int(logprobs) and 0 <= logprobs <= MAX_TOP_LOGPROBS,
-                 f"logprobs must be an integer from 0 to {MAX_TOP_LOGPROBS}.", "logprobs")
+        _require(
+            _is_int(logprobs) and 0 <= logprobs <= MAX_TOP_LOGPROBS,
+            f"logprobs must be an integer from 0 to {MAX_TOP_LOGPROBS}.",
+            "logprobs",
+        )
     request.logprobs = logprobs
     return request
 
@@ -126,27 +143,36 @@ def _refuse_unsupported(body: dict, allowed: set[str]):
         if name in _NEUTRAL:
             if value is None or value in _NEUTRAL[name]:
                 continue
-            raise ProtocolError(f"The parameter '{name}' is not supported by this server.",
-                                param=name, code="unsupported_parameter")
-        raise ProtocolError(f"Unknown parameter '{name}'.", param=name, code="unknown_parameter")
+            raise UnsupportedParameter(
+                f"The parameter '{name}' is not supported by this server.", param=name
+            )
+        raise UnknownParameter(f"Unknown parameter '{name}'.", param=name)
 
 
 def _parse_common(body: dict) -> GenerationRequest:
     model = body.get("model")
-    _require(isinstance(model, str) and model.strip(), "model is required (a model name string).", "model")
+    if not (isinstance(model, str) and model.strip()):  # inline: tells mypy model is a str
+        raise ProtocolError("model is required (a model name string).", param="model")
     stream = body.get("stream", False) or False
     _require(isinstance(stream, bool), "stream must be a boolean.", "stream")
     options = body.get("stream_options") or {}
-    _require(isinstance(options, dict) and set(options) <= {"include_usage"},
-             "stream_options may only hold include_usage.", "stream_options")
+    _require(
+        isinstance(options, dict) and set(options) <= {"include_usage"},
+        "stream_options may only hold include_usage.",
+        "stream_options",
+    )
     if options and not stream:
         raise ProtocolError("stream_options needs stream: true.", param="stream_options")
-    request = GenerationRequest(model=model.strip(), stream=stream,
-                                include_usage=bool(options.get("include_usage", False)))
+    request = GenerationRequest(
+        model=model.strip(), stream=stream, include_usage=bool(options.get("include_usage", False))
+    )
     temperature = body.get("temperature")
     if temperature is not None:
-        _require(_is_number(temperature) and 0 <= temperature <= 2,
-                 "temperature must be a number from 0 to 2.", "temperature")
+        _require(
+            _is_number(temperature) and 0 <= temperature <= 2,
+            "temperature must be a number from 0 to 2.",
+            "temperature",
+        )
         request.temperature = float(temperature)
     top_p = body.get("top_p")
     if top_p is not None:
@@ -154,8 +180,11 @@ def _parse_common(body: dict) -> GenerationRequest:
         request.top_p = float(top_p)
     top_k = body.get("top_k")
     if top_k is not None:
-        _require(_is_int(top_k) and (top_k == -1 or top_k >= 1),
-                 "top_k must be -1 (off) or a positive integer.", "top_k")
+        _require(
+            _is_int(top_k) and (top_k == -1 or top_k >= 1),
+            "top_k must be -1 (off) or a positive integer.",
+            "top_k",
+        )
         request.top_k = top_k
     seed = body.get("seed")
     if seed is not None:
@@ -172,29 +201,44 @@ def _parse_stop(stop) -> list[str]:
     if stop is None:
         return []
     stops = [stop] if isinstance(stop, str) else stop
-    _require(isinstance(stops, list) and all(isinstance(s, str) and s for s in stops),
-             "stop must be a non-empty string or a list of them.", "stop")
-    _require(len(stops) <= MAX_STOP_SEQUENCES, f"stop takes at most {MAX_STOP_SEQUENCES} sequences.", "stop")
+    _require(
+        isinstance(stops, list) and all(isinstance(s, str) and s for s in stops),
+        "stop must be a non-empty string or a list of them.",
+        "stop",
+    )
+    _require(
+        len(stops) <= MAX_STOP_SEQUENCES,
+        f"stop takes at most {MAX_STOP_SEQUENCES} sequences.",
+        "stop",
+    )
     return stops
 
 
 def _parse_messages(messages) -> list[dict]:
-    _require(isinstance(messages, list) and messages, "messages must be a non-empty list.", "messages")
+    _require(
+        isinstance(messages, list) and messages, "messages must be a non-empty list.", "messages"
+    )
     parsed = []
     for i, message in enumerate(messages):
         where = f"messages[{i}]"
         _require(isinstance(message, dict), f"{where} must be an object.", where)
         role = message.get("role")
-        _require(role in CHAT_ROLES, f"{where}.role must be one of {', '.join(sorted(CHAT_ROLES))}; "
-                 f"got {role!r}.", f"{where}.role")
+        _require(
+            role in CHAT_ROLES,
+            f"{where}.role must be one of {', '.join(sorted(CHAT_ROLES))}; got {role!r}.",
+            f"{where}.role",
+        )
         extra = set(message) - {"role", "content", "name"}
         _require(not extra, f"{where} has unsupported field(s): {', '.join(sorted(extra))}.", where)
         content = _message_text(message.get("content"), where)
         if role != "assistant":
             _require(content.strip(), f"{where}.content must not be empty.", f"{where}.content")
         parsed.append({"role": "system" if role == "developer" else role, "content": content})
-    _require(parsed[-1]["role"] != "assistant" or len(parsed) > 1,
-             "messages must hold at least one system or user message.", "messages")
+    _require(
+        parsed[-1]["role"] != "assistant" or len(parsed) > 1,
+        "messages must hold at least one system or user message.",
+        "messages",
+    )
     return parsed
 
 
@@ -204,13 +248,21 @@ def _message_text(content, where: str) -> str:
     if isinstance(content, list):
         texts = []
         for j, part in enumerate(content):
-            ok = isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
-            _require(ok, f"{where}.content[{j}] must be a text part; only text is supported.",
-                     f"{where}.content")
+            ok = (
+                isinstance(part, dict)
+                and part.get("type") == "text"
+                and isinstance(part.get("text"), str)
+            )
+            _require(
+                ok,
+                f"{where}.content[{j}] must be a text part; only text is supported.",
+                f"{where}.content",
+            )
             texts.append(part["text"])
         return "".join(texts)
-    raise ProtocolError(f"{where}.content must be a string or a list of text parts.",
-                        param=f"{where}.content")
+    raise ProtocolError(
+        f"{where}.content must be a string or a list of text parts.", param=f"{where}.content"
+    )
 
 
 def _parse_prompt(prompt) -> str | list[int]:
@@ -221,8 +273,11 @@ def _parse_prompt(prompt) -> str | list[int]:
         return prompt
     if isinstance(prompt, list) and prompt and all(_is_int(t) and t >= 0 for t in prompt):
         return prompt
-    raise ProtocolError("prompt must be a non-empty string, or a list of token ids "
-                        "(batches of prompts are not supported).", param="prompt")
+    raise ProtocolError(
+        "prompt must be a non-empty string, or a list of token ids "
+        "(batches of prompts are not supported).",
+        param="prompt",
+    )
 
 
 def _optional_positive_int(value, param: str) -> int | None:

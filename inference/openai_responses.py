@@ -7,6 +7,7 @@ either one final body or, chunk by chunk, a server-sent-event stream.
 import json
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
@@ -24,7 +25,7 @@ class CompletionBuilder:
 
     kind: str
     model: str
-    decode_token: callable  # token id -> its text, for logprob entries
+    decode_token: Callable[[int], str]  # token id -> its text, for logprob entries
     logprobs: int | None = None
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: int = field(default_factory=lambda: int(time.time()))
@@ -42,19 +43,33 @@ class CompletionBuilder:
         """Take one engine delta; return the stream chunk for it (None when it adds nothing)."""
         self.text += output.new_text
         self.prompt_tokens, self.completion_tokens = output.prompt_tokens, output.completion_tokens
-        entries = [self._logprob_entry(lp) for lp in output.new_logprobs] if self.logprobs is not None else []
+        entries = (
+            [self._logprob_entry(lp) for lp in output.new_logprobs]
+            if self.logprobs is not None
+            else []
+        )
         self.token_logprobs += entries
         if output.finished:
             self.finish_reason = output.finish_reason  # "stop", "length", or "abort" (shutdown)
         if not output.new_text and not output.finished and not entries:
             return None
-        return self._chunk(output.new_text, entries, self.finish_reason if output.finished else None)
+        return self._chunk(
+            output.new_text, entries, self.finish_reason if output.finished else None
+        )
 
     def first_chunk(self) -> dict:
         """Chat streams open with the assistant role, as OpenAI's do."""
-        return self._envelope("chat.completion.chunk", [{
-            "index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None,
-        }])
+        return self._envelope(
+            "chat.completion.chunk",
+            [
+                {
+                    "index": 0,
+                    "delta": {"role": "assistant", "content": ""},
+                    "logprobs": None,
+                    "finish_reason": None,
+                }
+            ],
+        )
 
     def usage(self) -> dict:
         return {
@@ -76,8 +91,12 @@ class CompletionBuilder:
                 "finish_reason": self.finish_reason,
             }
             return {**self._envelope("chat.completion", [choice]), "usage": self.usage()}
-        choice = {"index": 0, "text": self.text, "logprobs": self._text_logprobs(self.token_logprobs),
-                  "finish_reason": self.finish_reason}
+        choice = {
+            "index": 0,
+            "text": self.text,
+            "logprobs": self._text_logprobs(self.token_logprobs),
+            "finish_reason": self.finish_reason,
+        }
         return {**self._envelope("text_completion", [choice]), "usage": self.usage()}
 
     def _chunk(self, text: str, entries: list, finish_reason) -> dict:
@@ -89,12 +108,22 @@ class CompletionBuilder:
                 "finish_reason": finish_reason,
             }
             return self._envelope("chat.completion.chunk", [choice])
-        choice = {"index": 0, "text": text, "logprobs": self._text_logprobs(entries), "finish_reason": finish_reason}
+        choice = {
+            "index": 0,
+            "text": text,
+            "logprobs": self._text_logprobs(entries),
+            "finish_reason": finish_reason,
+        }
         return self._envelope("text_completion", [choice])
 
     def _envelope(self, obj: str, choices: list) -> dict:
-        return {"id": self.object_id, "object": obj, "created": self.created, "model": self.model,
-                "choices": choices}
+        return {
+            "id": self.object_id,
+            "object": obj,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }
 
     def _logprob_entry(self, lp) -> dict:
         token = self.decode_token(lp.token_id)
@@ -103,7 +132,11 @@ class CompletionBuilder:
             "logprob": lp.logprob,
             "bytes": list(token.encode()),
             "top_logprobs": [
-                {"token": (t := self.decode_token(tid)), "logprob": value, "bytes": list(t.encode())}
+                {
+                    "token": (t := self.decode_token(tid)),
+                    "logprob": value,
+                    "bytes": list(t.encode()),
+                }
                 for tid, value in lp.top[: self.logprobs]
             ],
         }
@@ -115,6 +148,8 @@ class CompletionBuilder:
         return {
             "tokens": [e["token"] for e in entries],
             "token_logprobs": [e["logprob"] for e in entries],
-            "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
+            "top_logprobs": [
+                {t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries
+            ],
             "text_offset": [],
         }

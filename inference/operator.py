@@ -1,8 +1,8 @@
-"""Operator endpoints, shaped like vLLM's (`/v1/load_lora_adapter` ...), for staff only.
+"""The engine's side of the operator protocol (inference/operator_protocol.py), for staff only.
 
-`lora_name` names a registry version as `<tenant>/<adapter>[@alias|:n]`, so an operator
-warms exactly what tenants' requests will resolve to; loading also pins it (popular
-adapters stay hot), unpinning lets the LRU evict it again.
+`lora_name` names a registry version as `<tenant>/<adapter>[@alias|:n]`
+(registry/model_names.py), so an operator warms exactly what tenants' requests will resolve
+to; loading also pins it (popular adapters stay hot), unpinning lets the LRU evict it again.
 """
 
 import hmac
@@ -10,69 +10,64 @@ import hmac
 from asgiref.sync import sync_to_async
 from django.conf import settings
 
-from tenants.keyauth import KeyRejected, bearer_token
+from registry.model_names import parse_qualified_name
+from tenants.keyauth import bearer_token
 from tenants.models import Tenant
 
-from .engine_host import HOST, EngineUnavailable
-from .resolution import ModelNotFound, ModelNotServable, resolve_model
-
-ACTIONS = ("load_lora_adapter", "unload_lora_adapter", "pin_lora_adapter", "unpin_lora_adapter")
+from .engine_host import HOST
+from .errors import ModelNotFound, OperatorOnly, ProtocolError
+from .operator_protocol import LORA_NAME
+from .resolution import resolve_model
 
 
 def authorize(request) -> None:
-    from .generation import ApiFailure
-
     user = getattr(request, "user", None)
     if user is not None and user.is_authenticated and user.is_staff:
         return
+    given = bearer_token(request.META.get("HTTP_AUTHORIZATION"))
     token = settings.OPERATOR_TOKEN
-    try:
-        given = bearer_token(request.META.get("HTTP_AUTHORIZATION"))
-    except KeyRejected as exc:
-        raise ApiFailure(exc.status, exc.code, exc.message) from None
     if not token or not hmac.compare_digest(given.encode(), token.encode()):
-        raise ApiFailure(403, "operator_only", "Operator endpoints need a staff session or the operator token.")
+        raise OperatorOnly("Operator endpoints need a staff session or the operator token.")
 
 
 def resolve_operator_name(lora_name) -> object:
     """`tenant/adapter[@alias|:n]` -> a LoRARequest for that version."""
-    from .generation import ApiFailure
-
-    if not isinstance(lora_name, str) or "/" not in lora_name:
-        raise ApiFailure(400, "invalid_request", "lora_name must read '<tenant>/<adapter>[@alias|:n]'.",
-                         param="lora_name")
-    slug, _, name = lora_name.partition("/")
-    tenant = Tenant.objects.filter(slug=slug).first()
-    try:
-        if tenant is None:
-            raise ModelNotFound(lora_name)
-        resolved = resolve_model(tenant=tenant, name=name, base_model_name=HOST.model.name, roll=1.0)
-    except ModelNotFound:
-        raise ApiFailure(404, "model_not_found", f"No adapter '{lora_name}'.", param="lora_name") from None
-    except ModelNotServable as exc:
-        raise ApiFailure(409, "model_not_servable", str(exc), param="lora_name") from None
+    ref = parse_qualified_name(lora_name)
+    if ref is None:
+        raise ProtocolError(
+            f"{LORA_NAME} must read '<tenant>/<adapter>[@alias|:n]'.", param=LORA_NAME
+        )
+    tenant = Tenant.objects.filter(slug=ref.tenant).first()
+    if tenant is None:
+        raise ModelNotFound(lora_name, param=LORA_NAME)
+    assert HOST.model is not None, "callers start the engine first"
+    resolved = resolve_model(
+        tenant=tenant, name=ref.model, base_model_name=HOST.model.name, roll=1.0, param=LORA_NAME
+    )
     if resolved.version is None:
-        raise ApiFailure(400, "invalid_request", "That is the base model; it is always loaded.", param="lora_name")
+        raise ProtocolError("That is the base model; it is always loaded.", param=LORA_NAME)
     return resolved.lora_request
 
 
-async def perform(action: str, body: dict) -> dict:
-    from .generation import ApiFailure
+async def _engine_and_adapter(lora_name):
+    engine = HOST.engine or await sync_to_async(HOST.start, thread_sensitive=False)()
+    return engine, await sync_to_async(resolve_operator_name)(lora_name)
 
-    if action not in ACTIONS:
-        raise ApiFailure(404, "not_found", f"Unknown operator action '{action}'.")
-    try:
-        engine = HOST.engine or await sync_to_async(HOST.start, thread_sensitive=False)()
-    except EngineUnavailable as exc:
-        raise ApiFailure(503, "engine_unavailable", str(exc)) from None
-    lora = await sync_to_async(resolve_operator_name)(body.get("lora_name"))
-    if action == "load_lora_adapter":
-        await engine.load_lora(lora, pin=True)
-    elif action == "unload_lora_adapter":
-        await engine.unload_lora(lora.adapter_id)
-    else:
-        await engine.pin_lora(lora.adapter_id, pinned=action == "pin_lora_adapter")
-    return {"lora_name": body["lora_name"], "action": action, "status": "ok"}
+
+async def load(lora_name) -> None:
+    """Load and pin: it stays hot until unpinned."""
+    engine, lora = await _engine_and_adapter(lora_name)
+    await engine.load_lora(lora, pin=True)
+
+
+async def unload(lora_name) -> None:
+    engine, lora = await _engine_and_adapter(lora_name)
+    await engine.unload_lora(lora.adapter_id)
+
+
+async def set_pinned(lora_name, *, pinned: bool) -> None:
+    engine, lora = await _engine_and_adapter(lora_name)
+    await engine.pin_lora(lora.adapter_id, pinned=pinned)
 
 
 async def list_adapters() -> list[dict]:

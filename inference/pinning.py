@@ -3,7 +3,8 @@
 import asyncio
 import logging
 
-from .generation import ApiFailure
+from platform_site.errors import ApiError
+
 from .operator import resolve_operator_name
 
 logger = logging.getLogger(__name__)
@@ -18,7 +19,7 @@ def pin_configured_adapters(host) -> list[str]:
         try:
             lora = resolve_operator_name(name)
             asyncio.run(host.engine.load_lora(lora, pin=True))
-        except (ApiFailure, ValueError) as exc:
+        except (ApiError, ValueError) as exc:  # ValueError: the engine's EngineError
             logger.error("could not pin %s: %s", name, getattr(exc, "message", exc))
             continue
         pinned.append(name)

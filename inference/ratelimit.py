@@ -12,13 +12,9 @@ from collections import defaultdict
 from django.conf import settings
 from django.core.cache import cache
 
+from .errors import ConcurrencyExceeded, RateLimited, TokensExceeded
+
 WINDOW_SECONDS = 60
-
-
-class RateLimited(Exception):
-    def __init__(self, message: str, *, retry_after: int, code: str = "rate_limit_exceeded"):
-        super().__init__(message)
-        self.message, self.retry_after, self.code = message, retry_after, code
 
 
 def _window() -> tuple[int, int]:
@@ -43,7 +39,10 @@ def check_request_rate(*, key_id: str) -> None:
         return
     start, retry_after = _window()
     if _incr(f"rl:req:{key_id}:{start}", 1) > limit:
-        raise RateLimited(f"Rate limit reached: {limit} requests per minute for this key.", retry_after=retry_after)
+        raise RateLimited(
+            f"Rate limit reached: {limit} requests per minute for this key.",
+            retry_after=retry_after,
+        )
 
 
 def check_token_budget(*, tenant_id: int) -> None:
@@ -53,8 +52,10 @@ def check_token_budget(*, tenant_id: int) -> None:
     start, retry_after = _window()
     used = cache.get(f"rl:tok:{tenant_id}:{start}", 0)
     if used >= limit:
-        raise RateLimited(f"Token limit reached: {limit} tokens per minute for this tenant.",
-                          retry_after=retry_after, code="tokens_exceeded")
+        raise TokensExceeded(
+            f"Token limit reached: {limit} tokens per minute for this tenant.",
+            retry_after=retry_after,
+        )
 
 
 def charge_tokens(*, tenant_id: int, tokens: int) -> None:
@@ -70,8 +71,9 @@ def acquire_slot(tenant_id: int) -> None:
     """Take one of the tenant's concurrent-request slots in this process (release_slot frees it)."""
     cap = settings.TENANT_MAX_CONCURRENCY
     if cap and _in_flight[tenant_id] >= cap:
-        raise RateLimited(f"Too many concurrent requests: at most {cap} at once per tenant.",
-                          retry_after=1, code="concurrency_exceeded")
+        raise ConcurrencyExceeded(
+            f"Too many concurrent requests: at most {cap} at once per tenant.", retry_after=1
+        )
     _in_flight[tenant_id] += 1
 
 

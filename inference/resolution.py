@@ -7,51 +7,51 @@ whether it does not exist or belongs to someone else.
 """
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from django.http import Http404
 
 from registry.errors import NotServable
-from registry.names import parse_model_name
+from registry.model_names import parse_model_name, version_name
 from registry.selectors import adapter_version_resolve
 
+from .errors import ModelNotFound, ModelNotServable
 
-class ModelNotFound(Exception):
-    def __init__(self, name: str):
-        super().__init__(f"The model '{name}' does not exist or you do not have access to it.")
-
-
-class ModelNotServable(Exception):
-    """The name resolves, but to a version that may not run here (not ready, incompatible)."""
+if TYPE_CHECKING:
+    from inference.engine import LoRARequest
+    from registry.models import AdapterVersion
 
 
 @dataclass(frozen=True)
 class ResolvedModel:
     requested: str
-    version: object | None = None  # registry AdapterVersion, None for the base model
-    lora_request: object | None = None  # what the engine gets (None for the base model)
+    version: "AdapterVersion | None" = None  # None for the base model
+    lora_request: "LoRARequest | None" = None  # what the engine gets (None for the base model)
 
 
 def lora_request_for(version):
     """Built here, in sync code: it reads the version's adapter and tenant rows."""
-    from inference.engine.lora import LoRARequest
+    from inference.engine import LoRARequest
 
-    name = f"{version.adapter.tenant.slug}/{version.adapter.name}:{version.number}"
     # path None: the engine asks its loader, which stages the version from object storage.
-    return LoRARequest(name=name, adapter_id=str(version.uid), path=None)
+    return LoRARequest(name=version_name(version), adapter_id=str(version.uid), path=None)
 
 
-def resolve_model(*, tenant, name: str, base_model_name: str, roll: float | None = None) -> ResolvedModel:
+def resolve_model(
+    *, tenant, name: str, base_model_name: str, roll: float | None = None, param: str = "model"
+) -> ResolvedModel:
+    """`param` is the request field that held `name`, for the errors to point at."""
     if name == base_model_name:
         return ResolvedModel(requested=name)
     ref = parse_model_name(name)
     if ref is None:
-        raise ModelNotFound(name)
+        raise ModelNotFound(name, param=param)
     try:
         version = adapter_version_resolve(
             tenant=tenant, adapter_name=ref.adapter, alias=ref.alias, number=ref.number, roll=roll
         )
     except Http404:
-        raise ModelNotFound(name) from None
+        raise ModelNotFound(name, param=param) from None
     except NotServable as exc:
-        raise ModelNotServable(f"The model '{name}' cannot be served: {exc}") from None
+        raise ModelNotServable(f"The model '{name}' cannot be served: {exc}", param=param) from None
     return ResolvedModel(requested=name, version=version, lora_request=lora_request_for(version))

@@ -1,10 +1,16 @@
 from django.urls import path
 
+from . import operator_protocol as protocol
 from . import views
 
 urlpatterns = [
     path("chat/completions", views.chat_completions, name="chat-completions"),
     path("completions", views.completions, name="completions"),
     path("models", views.models, name="models"),
-    path("<str:action>", views.operator_endpoint, name="operator"),
+    # The operator protocol, one route per action: any other path is a plain 404.
+    path(protocol.LOAD, views.load_lora_adapter, name="operator-load"),
+    path(protocol.UNLOAD, views.unload_lora_adapter, name="operator-unload"),
+    path(protocol.PIN, views.pin_lora_adapter, name="operator-pin"),
+    path(protocol.UNPIN, views.unpin_lora_adapter, name="operator-unpin"),
+    path(protocol.LIST, views.lora_adapters, name="operator-list"),
 ]

@@ -1,71 +1,77 @@
-"""The OpenAI-compatible HTTP API and the engine's operator endpoints. Thin async views."""
+"""The OpenAI-compatible HTTP API and the engine's operator endpoints. Thin async views.
 
-import json
+Each view raises what refuses a request; `json_endpoint` answers it through the one error
+mapping (platform_site/error_responses.py), in OpenAI's error shape.
+"""
+
+from functools import partial, wraps
 
 from asgiref.sync import sync_to_async
 from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from platform_site.errors import error_body
-from tenants.keyauth import KeyRejected
+from platform_site.error_responses import json_error_response
+from platform_site.errors import MethodNotAllowed
 from tenants.scopes import INFERENCE
 
 from . import metrics, operator
+from . import operator_protocol as protocol
 from .auth import inference_principal
-from .generation import ApiFailure, prepare, respond_json, respond_stream
+from .generation import prepare, respond_json, respond_stream
 from .models_list import models_for_tenant
+from .openai_protocol import load_json
 
 
-def failure_response(exc: ApiFailure) -> JsonResponse:
-    body = error_body(exc.message, code=exc.code, status_code=exc.status, param=exc.param)
-    response = JsonResponse(body, status=exc.status)
-    for name, value in exc.headers.items():
-        response[name] = value
-    if exc.status == 401:
-        response["WWW-Authenticate"] = 'Bearer realm="loraplex"'
-    metrics.HTTP_REQUESTS.labels(endpoint="refused", status=str(exc.status)).inc()
-    return response
+def json_endpoint(view):
+    """CSRF-exempt (API clients send no cookies; inference/auth.py checks sessions itself),
+    and any exception becomes its JSON answer, counted as refused."""
+
+    @csrf_exempt
+    @wraps(view)
+    async def answer(request, *args, **kwargs):
+        try:
+            return await view(request, *args, **kwargs)
+        except Exception as exc:
+            response = json_error_response(exc)
+            metrics.HTTP_REQUESTS.labels(endpoint="refused", status=str(response.status_code)).inc()
+            return response
+
+    return answer
 
 
-def _method_not_allowed(allowed: str) -> JsonResponse:
-    response = JsonResponse(error_body(f"Use {allowed}.", code="method_not_allowed", status_code=405), status=405)
-    response["Allow"] = allowed
-    return response
+def require_method(request, method: str) -> None:
+    if request.method != method:
+        raise MethodNotAllowed(f"Use {method}.", headers={"Allow": method})
+
+
+# ---------------------------------------------------------------- OpenAI-compatible
 
 
 async def _generate(request, kind: str):
-    if request.method != "POST":
-        return _method_not_allowed("POST")
-    try:
-        prepared = await prepare(request, kind)
-        if prepared.stream:
-            response = StreamingHttpResponse(respond_stream(prepared), content_type="text/event-stream")
-            response["Cache-Control"] = "no-cache"
-            response["X-Accel-Buffering"] = "no"  # tell nginx-style proxies not to buffer tokens
-            return response
-        return JsonResponse(await respond_json(prepared))
-    except ApiFailure as exc:
-        return failure_response(exc)
+    require_method(request, "POST")
+    prepared = await prepare(request, kind)
+    if prepared.stream:
+        response = StreamingHttpResponse(respond_stream(prepared), content_type="text/event-stream")
+        response["Cache-Control"] = "no-cache"
+        response["X-Accel-Buffering"] = "no"  # tell nginx-style proxies not to buffer tokens
+        return response
+    return JsonResponse(await respond_json(prepared))
 
 
-@csrf_exempt
+@json_endpoint
 async def chat_completions(request):
     return await _generate(request, "chat")
 
 
-@csrf_exempt
+@json_endpoint
 async def completions(request):
     return await _generate(request, "text")
 
 
-@csrf_exempt
+@json_endpoint
 async def models(request):
-    if request.method != "GET":
-        return _method_not_allowed("GET")
-    try:
-        principal = await sync_to_async(inference_principal)(request, scope=INFERENCE)
-    except KeyRejected as exc:
-        return failure_response(ApiFailure(exc.status, exc.code, exc.message))
+    require_method(request, "GET")
+    principal = await sync_to_async(inference_principal)(request, scope=INFERENCE)
     data = await sync_to_async(models_for_tenant)(tenant=principal.tenant)
     return JsonResponse({"object": "list", "data": data})
 
@@ -74,21 +80,39 @@ async def prometheus_metrics(request):
     return HttpResponse(metrics.render(), content_type="text/plain; version=0.0.4; charset=utf-8")
 
 
-@csrf_exempt
-async def operator_endpoint(request, action: str):
-    """vLLM-compatible adapter management for operators: staff session or LORAPLEX_OPERATOR_TOKEN."""
-    try:
-        await sync_to_async(operator.authorize)(request)
-        if action == "lora_adapters":
-            if request.method != "GET":
-                return _method_not_allowed("GET")
-            return JsonResponse({"object": "list", "data": await operator.list_adapters()})
-        if request.method != "POST":
-            return _method_not_allowed("POST")
-        try:
-            body = json.loads(request.body or b"{}")
-        except json.JSONDecodeError:
-            raise ApiFailure(400, "invalid_json", "The request body is not valid JSON.") from None
-        return JsonResponse(await operator.perform(action, body))
-    except ApiFailure as exc:
-        return failure_response(exc)
+# ---------------------------------------------------------------- operators (inference/operator.py)
+
+
+async def _operate(request, action: str, perform) -> JsonResponse:
+    await sync_to_async(operator.authorize)(request)
+    require_method(request, "POST")
+    lora_name = load_json(request.body or b"{}").get(protocol.LORA_NAME)
+    await perform(lora_name)
+    return JsonResponse({protocol.LORA_NAME: lora_name, "action": action, "status": "ok"})
+
+
+@json_endpoint
+async def load_lora_adapter(request):
+    return await _operate(request, protocol.LOAD, operator.load)
+
+
+@json_endpoint
+async def unload_lora_adapter(request):
+    return await _operate(request, protocol.UNLOAD, operator.unload)
+
+
+@json_endpoint
+async def pin_lora_adapter(request):
+    return await _operate(request, protocol.PIN, partial(operator.set_pinned, pinned=True))
+
+
+@json_endpoint
+async def unpin_lora_adapter(request):
+    return await _operate(request, protocol.UNPIN, partial(operator.set_pinned, pinned=False))
+
+
+@json_endpoint
+async def lora_adapters(request):
+    await sync_to_async(operator.authorize)(request)
+    require_method(request, "GET")
+    return JsonResponse({"object": "list", "data": await operator.list_adapters()})

@@ -1,82 +1,70 @@
-"""One error shape for every API path: OpenAI's `{"error": {"message", "type", "code"}}`.
+"""The one error model: an `ApiError` is a refusal a caller can act on, whatever the transport.
 
-OpenAI clients parse this shape, so control-plane and inference errors read the same.
+Each subclass is one stable `code` with its HTTP `status`; domain errors subclass it where
+their domain lives (registry/errors.py, tenants/keyauth.py, inference/errors.py), and
+platform_site/error_responses.py turns any of them into OpenAI's error shape. Plain Python:
+the engine-facing and parsing code may raise these without importing Django.
+docs/errors.md lists every code; tests/platform/test_error_codes.py keeps the two in step.
 """
 
-from django.http import Http404, JsonResponse
-from rest_framework import exceptions, status
-from rest_framework.response import Response
-from rest_framework.views import exception_handler
 
-_TYPE_BY_STATUS = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    409: "conflict_error",
-    413: "invalid_request_error",
-    429: "rate_limit_error",
-}
+class ApiError(Exception):
+    """A request the caller must change (400). `message` says how; `param` names the field."""
 
+    status: int = 400
+    code: str = "invalid_request"
+    message: str = "The request is invalid."
+    param: str | None = None
 
-class ApiError(exceptions.APIException):
-    """An error a caller can act on, with a stable machine-readable code."""
+    def __init_subclass__(cls, *, status: int | None = None, code: str | None = None, **kwargs):
+        """`class AdapterExists(Conflict, code="adapter_exists")`: the class line says it all."""
+        super().__init_subclass__(**kwargs)
+        if status is not None:
+            cls.status = status
+        if code is not None:
+            cls.code = code
 
-    def __init__(self, message: str, *, code: str, status_code: int = 400):
-        super().__init__(detail=message, code=code)
-        self.status_code = status_code
-
-
-def error_body(message: str, *, code: str, status_code: int, param: str | None = None) -> dict:
-    error = {
-        "message": message,
-        "type": _TYPE_BY_STATUS.get(status_code, "api_error"),
-        "code": code,
-    }
-    if param is not None:
-        error["param"] = param
-    return {"error": error}
-
-
-def error_response(message: str, *, code: str, status_code: int) -> JsonResponse:
-    """For plain Django views (outside DRF) that must answer in the same shape."""
-    return JsonResponse(error_body(message, code=code, status_code=status_code), status=status_code)
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        param: str | None = None,
+        headers: dict | None = None,
+        code: str | None = None,
+    ):
+        if message is not None:
+            self.message = message
+        if param is not None:
+            self.param = param
+        if code is not None:  # only for a class that really carries several codes
+            self.code = code
+        self.headers = dict(headers or {})
+        super().__init__(self.message)
 
 
-def _flatten(detail) -> tuple[str, str | None, str | None]:
-    """DRF validation details are nested dicts/lists; name the first offending field."""
-    if isinstance(detail, dict):
-        for field, value in detail.items():
-            message, code, inner = _flatten(value)
-            name = field if field != "non_field_errors" else None
-            param = inner or name
-            if name and inner is None:
-                message = f"{field}: {message}"
-            return message, code, param
-        return "Invalid request.", "invalid", None
-    if isinstance(detail, list) and detail:
-        return _flatten(detail[0])
-    return str(detail), getattr(detail, "code", None), None
+class NotFound(ApiError, status=404, code="not_found"):
+    """No such object, or not the caller's: the same answer either way."""
 
 
-def openai_exception_handler(exc, context):
-    if isinstance(exc, Http404):
-        exc = exceptions.NotFound("Not found.")
-    response = exception_handler(exc, context)
-    if response is None:
-        return None
-    message, code, param = _flatten(exc.detail if hasattr(exc, "detail") else str(exc))
-    if isinstance(exc, ApiError):
-        code = exc.get_codes() if isinstance(exc.get_codes(), str) else code
-    code = code or "error"
-    if isinstance(exc, exceptions.NotAuthenticated):
-        code = "missing_api_key"
-        message = "No credentials: send 'Authorization: Bearer <api key>'."
-    if response.status_code == status.HTTP_403_FORBIDDEN and code == "permission_denied":
-        code = "insufficient_permissions"
-    body = error_body(message, code=code, status_code=response.status_code, param=param)
-    return Response(body, status=response.status_code, headers=_passthrough_headers(response))
+class MethodNotAllowed(ApiError, status=405, code="method_not_allowed"):
+    """The path exists but not with this HTTP method; `Allow` lists those it takes."""
 
 
-def _passthrough_headers(response) -> dict:
-    return {k: v for k, v in response.items() if k in ("WWW-Authenticate", "Retry-After", "Allow")}
+class InsufficientPermissions(ApiError, status=403, code="insufficient_permissions"):
+    """Signed in, but not allowed to do this (also a session's failed CSRF check on the REST API)."""
+
+
+class UnparseableBody(ApiError, status=400, code="parse_error"):
+    """The REST API could not parse the body as the content type it claims (JSON, multipart)."""
+
+
+class NotAcceptable(ApiError, status=406, code="not_acceptable"):
+    """The `Accept` header asks for a format the endpoint cannot answer in."""
+
+
+class UnsupportedMediaType(ApiError, status=415, code="unsupported_media_type"):
+    """The body's `Content-Type` is not one the endpoint reads."""
+
+
+class InternalError(ApiError, status=500, code="internal_error"):
+    """A bug or a broken dependency, never the caller's fault; the message carries the id logged."""

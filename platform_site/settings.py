@@ -42,6 +42,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "tenants",
+    "audit",
     "registry",
     "inference",
     "web",
@@ -204,7 +205,7 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    "EXCEPTION_HANDLER": "platform_site.errors.openai_exception_handler",
+    "EXCEPTION_HANDLER": "platform_site.error_responses.openai_exception_handler",
     "UNAUTHENTICATED_USER": None,
 }
 SPECTACULAR_SETTINGS = {
@@ -250,9 +251,15 @@ ENGINE_OPTIONS = {
 }
 PINNED_ADAPTERS = env.list("LORAPLEX_PINNED_ADAPTERS", default=[])  # "tenant/adapter[@alias]"
 DRAIN_SECONDS = env.int("LORAPLEX_DRAIN_SECONDS", default=30)
-RATE_LIMIT_REQUESTS_PER_MINUTE = env.int("LORAPLEX_RATE_LIMIT_RPM", default=600)  # per API key; 0 = off
-RATE_LIMIT_TOKENS_PER_MINUTE = env.int("LORAPLEX_RATE_LIMIT_TPM", default=200_000)  # per tenant; 0 = off
-TENANT_MAX_CONCURRENCY = env.int("LORAPLEX_TENANT_MAX_CONCURRENCY", default=32)  # per process; 0 = off
+RATE_LIMIT_REQUESTS_PER_MINUTE = env.int(
+    "LORAPLEX_RATE_LIMIT_RPM", default=600
+)  # per API key; 0 = off
+RATE_LIMIT_TOKENS_PER_MINUTE = env.int(
+    "LORAPLEX_RATE_LIMIT_TPM", default=200_000
+)  # per tenant; 0 = off
+TENANT_MAX_CONCURRENCY = env.int(
+    "LORAPLEX_TENANT_MAX_CONCURRENCY", default=32
+)  # per process; 0 = off
 MAX_REQUEST_BYTES = env.int("LORAPLEX_MAX_REQUEST_BYTES", default=1024 * 1024)
 OPERATOR_TOKEN = env.str("LORAPLEX_OPERATOR_TOKEN", default="")
 # Operators' admin: the engine processes' operator endpoints (pin/unpin, loaded adapters, metrics).

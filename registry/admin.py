@@ -4,9 +4,12 @@ from django.contrib import admin, messages
 from django.db.models import Count
 from django.utils.html import format_html, format_html_join
 
+from platform_site.admin_columns import count_column
+
 from . import engines, queue
 from .errors import RegistryError
-from .models import Adapter, AdapterVersion, Alias, AuditEvent, BaseModel
+from .model_names import alias_name, version_name
+from .models import Adapter, AdapterVersion, Alias, BaseModel
 from .names import PRODUCTION
 from .services.aliases import alias_set
 from .services.versions import adapter_version_revalidate
@@ -68,8 +71,7 @@ class BaseModelAdmin(ReadOnlyAdmin):
 class AliasInline(admin.TabularInline):
     model = Alias
     extra = 0
-    fields = ["name", "version", "weight", "updated_by", "updated_at"]
-    readonly_fields = fields
+    fields = readonly_fields = ("name", "version", "weight", "updated_by", "updated_at")
 
     def has_add_permission(self, request, obj=None):
         return False
@@ -91,18 +93,12 @@ class AdapterAdmin(ReadOnlyAdmin):
     inlines = [AliasInline]
     actions = ["pin", "unpin"]
 
-    def get_queryset(self, request):
-        return (
-            super()
-            .get_queryset(request)
-            .select_related("tenant", "base_model")
-            .prefetch_related("aliases__version")
-            .annotate(n_versions=Count("versions", distinct=True))
-        )
+    version_count = count_column("n_versions", description="versions")
 
-    @admin.display(description="versions", ordering="n_versions")
-    def version_count(self, obj):
-        return obj.n_versions
+    def get_queryset(self, request):
+        adapters = super().get_queryset(request).select_related("tenant", "base_model")
+        adapters = adapters.prefetch_related("aliases__version")
+        return adapters.annotate(n_versions=Count("versions", distinct=True))
 
     @admin.display(description="aliases")
     def alias_list(self, obj):
@@ -113,7 +109,7 @@ class AdapterAdmin(ReadOnlyAdmin):
         for adapter in queryset.select_related("tenant"):
             production = adapter.aliases.filter(name=PRODUCTION).select_related("adapter__tenant")
             if production:
-                names.append(engines.lora_name_of_alias(production[0]))
+                names.append(alias_name(production[0]))
             else:
                 messages.warning(
                     request,
@@ -217,11 +213,11 @@ class AdapterVersionAdmin(ReadOnlyAdmin):
         ready = queryset.filter(status=AdapterVersion.READY)
         for version in queryset.exclude(status=AdapterVersion.READY):
             messages.warning(request, f"{version} is {version.status}; only ready versions load.")
-        pin_on_engines(request, [engines.lora_name_of_version(v) for v in ready], pinned=True)
+        pin_on_engines(request, [version_name(v) for v in ready], pinned=True)
 
     @admin.action(description="Unpin selected versions on the engines")
     def unpin(self, request, queryset):
-        names = [engines.lora_name_of_version(v) for v in queryset]
+        names = [version_name(v) for v in queryset]
         pin_on_engines(request, names, pinned=False)
 
 
@@ -237,19 +233,8 @@ class AliasAdmin(ReadOnlyAdmin):
 
     @admin.action(description="Pin selected aliases on the engines (kept loaded)")
     def pin(self, request, queryset):
-        pin_on_engines(request, [engines.lora_name_of_alias(a) for a in queryset], pinned=True)
+        pin_on_engines(request, [alias_name(a) for a in queryset], pinned=True)
 
     @admin.action(description="Unpin selected aliases on the engines")
     def unpin(self, request, queryset):
-        pin_on_engines(request, [engines.lora_name_of_alias(a) for a in queryset], pinned=False)
-
-
-@admin.register(AuditEvent)
-class AuditEventAdmin(ReadOnlyAdmin):
-    list_display = ["created_at", "tenant", "actor", "verb", "object_repr"]
-    list_filter = ["verb", "object_type", "tenant"]
-    search_fields = ["actor", "verb", "object_repr", "tenant__slug"]
-    date_hierarchy = "created_at"
-
-    def has_delete_permission(self, request, obj=None):
-        return False
+        pin_on_engines(request, [alias_name(a) for a in queryset], pinned=False)

@@ -4,23 +4,22 @@ Reads need `registry:read`, changes `registry:write`. Every tenant-owned object 
 through a tenant-scoped selector, so another tenant's adapter is the same 404 as a missing one.
 """
 
-from django.core.exceptions import ValidationError as DjangoValidationError
 from django.urls import reverse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_serializer
 from rest_framework import serializers, status
-from rest_framework.exceptions import ErrorDetail
 from rest_framework.parsers import JSONParser, MultiPartParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from platform_site.errors import ApiError
+from audit.models import AuditEvent
+from audit.selectors import audit_event_list
 from tenants.authentication import TenantScope
 from tenants.principal import principal_for_request
 from tenants.scopes import REGISTRY_READ, REGISTRY_WRITE
 
 from . import selectors
-from .errors import RegistryError
+from .models import Adapter, AdapterVersion, Alias, BaseModel
 from .services.adapters import adapter_create, adapter_delete, adapter_update
 from .services.aliases import alias_delete, alias_set
 from .services.versions import adapter_version_create
@@ -37,37 +36,22 @@ class RegistryApi(APIView):
     def principal(self):
         return principal_for_request(self.request)
 
-    def handle_exception(self, exc):
-        if isinstance(exc, RegistryError):
-            if exc.param and exc.status_code == 400:
-                exc = serializers.ValidationError({exc.param: [ErrorDetail(exc.message, exc.code)]})
-            else:
-                exc = ApiError(exc.message, code=exc.code, status_code=exc.status_code)
-        elif isinstance(exc, DjangoValidationError):
-            detail = exc.message_dict if hasattr(exc, "error_dict") else exc.messages
-            exc = serializers.ValidationError(detail)
-        return super().handle_exception(exc)
-
 
 # ---------------------------------------------------------------- output shapes
 
 
-class BaseModelOutputSerializer(serializers.Serializer):
-    name = serializers.CharField()
-    revision = serializers.CharField()
-    fingerprint = serializers.JSONField()
-    is_served = serializers.BooleanField()
-    created_at = serializers.DateTimeField()
-    updated_at = serializers.DateTimeField()
+class BaseModelOutputSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = BaseModel
+        fields = ["name", "revision", "fingerprint", "is_served", "created_at", "updated_at"]
 
 
-class AdapterOutputSerializer(serializers.Serializer):
-    name = serializers.CharField()
+class AdapterOutputSerializer(serializers.ModelSerializer):
     base_model = serializers.CharField(source="base_model.name")
-    description = serializers.CharField()
-    created_by = serializers.CharField()
-    created_at = serializers.DateTimeField()
-    updated_at = serializers.DateTimeField()
+
+    class Meta:
+        model = Adapter
+        fields = ["name", "base_model", "description", "created_by", "created_at", "updated_at"]
 
 
 class CheckSerializer(serializers.Serializer):
@@ -77,28 +61,21 @@ class CheckSerializer(serializers.Serializer):
     message = serializers.CharField()
 
 
-class VersionOutputSerializer(serializers.Serializer):
+class VersionOutputSerializer(serializers.ModelSerializer):
     adapter = serializers.CharField(source="adapter.name")
-    number = serializers.IntegerField()
-    status = serializers.CharField()
-    status_detail = serializers.CharField()
     url = serializers.SerializerMethodField()
-    source = serializers.CharField()
-    config_sha256 = serializers.CharField()
-    weights_sha256 = serializers.CharField()
-    config_size = serializers.IntegerField()
-    weights_size = serializers.IntegerField()
-    rank = serializers.IntegerField(allow_null=True)
-    alpha = serializers.FloatField(allow_null=True)
     target_modules = serializers.ListField(child=serializers.CharField())
     report = CheckSerializer(many=True)
-    compatible = serializers.BooleanField(allow_null=True)
-    checked_revision = serializers.CharField()
-    compatibility_detail = serializers.CharField()
-    attempts = serializers.IntegerField()
-    created_by = serializers.CharField()
-    created_at = serializers.DateTimeField()
-    validated_at = serializers.DateTimeField(allow_null=True)
+
+    class Meta:
+        model = AdapterVersion
+        fields = [
+            "adapter", "number", "status", "status_detail", "url", "source",
+            "config_sha256", "weights_sha256", "config_size", "weights_size",
+            "rank", "alpha", "target_modules", "report",
+            "compatible", "checked_revision", "compatibility_detail",
+            "attempts", "created_by", "created_at", "validated_at",
+        ]  # fmt: skip
 
     def get_url(self, version) -> str:
         path = reverse(
@@ -109,23 +86,20 @@ class VersionOutputSerializer(serializers.Serializer):
         return request.build_absolute_uri(path) if request else path
 
 
-class AliasOutputSerializer(serializers.Serializer):
-    name = serializers.CharField()
+class AliasOutputSerializer(serializers.ModelSerializer):
     version = serializers.IntegerField(source="version.number")
-    weight = serializers.IntegerField(allow_null=True)
-    updated_by = serializers.CharField()
-    updated_at = serializers.DateTimeField()
+
+    class Meta:
+        model = Alias
+        fields = ["name", "version", "weight", "updated_by", "updated_at"]
 
 
-class AuditEventOutputSerializer(serializers.Serializer):
-    id = serializers.IntegerField()
-    created_at = serializers.DateTimeField()
-    actor = serializers.CharField()
-    verb = serializers.CharField()
-    object_type = serializers.CharField()
+class AuditEventOutputSerializer(serializers.ModelSerializer):
     object = serializers.CharField(source="object_repr")
-    before = serializers.JSONField(allow_null=True)
-    after = serializers.JSONField(allow_null=True)
+
+    class Meta:
+        model = AuditEvent
+        fields = ["id", "created_at", "actor", "verb", "object_type", "object", "before", "after"]
 
 
 # ---------------------------------------------------------------- base models
@@ -227,7 +201,8 @@ class VersionListCreateApi(RegistryApi):
 
     @extend_schema_serializer(component_name="VersionImportInput")
     class ImportSerializer(serializers.Serializer):
-        source = serializers.CharField(
+        # DRF's metaclass moves declared fields out of the class: Field.source is intact.
+        source = serializers.CharField(  # type: ignore[assignment]
             max_length=1024, help_text="s3://bucket/prefix/ holding the two PEFT files"
         )
 
@@ -364,7 +339,7 @@ class AuditListApi(RegistryApi):
     def get(self, request):
         query = self.FilterSerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
-        events = selectors.audit_event_list(
+        events = audit_event_list(
             tenant=self.principal.tenant, verb=query.validated_data.get("verb")
         )[: query.validated_data["limit"]]
         return Response(AuditEventOutputSerializer(events, many=True).data)

@@ -1,10 +1,9 @@
 """Talking to the engine processes from the control plane, for operators.
 
-Each `serve` process that hosts an engine answers operator endpoints shaped like vLLM's:
-`POST /v1/pin_lora_adapter` and `/v1/unpin_lora_adapter` with `{"lora_name":
-"<tenant>/<adapter>@<alias>"}` (or `...:<n>`), `GET /v1/lora_adapters`, and `GET /metrics`.
-They live in other processes, so a staff session cannot authorise them: the calls carry
-`Authorization: Bearer $LORAPLEX_OPERATOR_TOKEN`. Engines are listed in LORAPLEX_ENGINE_URLS.
+Each `serve` process that hosts an engine answers the operator protocol
+(inference/operator_protocol.py): pin and unpin by qualified model name
+(registry/model_names.py), list the loaded adapters, and /metrics. Engines are listed in
+LORAPLEX_ENGINE_URLS and reached with the operator token.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ from dataclasses import dataclass, field
 from django.conf import settings
 from prometheus_client.parser import text_string_to_metric_families
 
-from .models import AdapterVersion, Alias
+from inference import operator_protocol as protocol
 
 TIMEOUT_SECONDS = 30  # pinning may wait for the adapter to load
 
@@ -33,18 +32,10 @@ def engine_urls() -> list[str]:
     return list(settings.ENGINE_URLS)
 
 
-def lora_name_of_version(version: AdapterVersion) -> str:
-    return f"{version.adapter.tenant.slug}/{version.adapter.name}:{version.number}"
-
-
-def lora_name_of_alias(alias: Alias) -> str:
-    return f"{alias.adapter.tenant.slug}/{alias.adapter.name}@{alias.name}"
-
-
 def _call(engine: str, method: str, path: str, body: dict | None = None) -> bytes:
     headers = {"Accept": "application/json"}
     if settings.OPERATOR_TOKEN:
-        headers["Authorization"] = f"Bearer {settings.OPERATOR_TOKEN}"
+        headers.update(protocol.authorization(settings.OPERATOR_TOKEN))
     data = None
     if body is not None:
         data = json.dumps(body).encode()
@@ -78,11 +69,11 @@ class PinResult:
 
 def set_pinned(lora_name: str, *, pinned: bool) -> list[PinResult]:
     """Pin (or unpin) one adapter on every configured engine; one result per engine."""
-    action = "pin_lora_adapter" if pinned else "unpin_lora_adapter"
+    action = protocol.PIN if pinned else protocol.UNPIN
     results = []
     for engine in engine_urls():
         try:
-            _call(engine, "POST", f"/v1/{action}", {"lora_name": lora_name})
+            _call(engine, "POST", protocol.path(action), {protocol.LORA_NAME: lora_name})
         except EngineCallFailed as exc:
             results.append(PinResult(engine, False, exc.message))
         else:
@@ -130,21 +121,19 @@ def parse_metrics(text: str) -> tuple[dict[str, float], dict[str, dict]]:
 def engine_state(engine: str) -> EngineState:
     state = EngineState(url=engine)
     try:
-        listing = json.loads(_call(engine, "GET", "/v1/lora_adapters"))
+        listing = json.loads(_call(engine, "GET", protocol.path(protocol.LIST)))
         items = listing.get("data", []) if isinstance(listing, dict) else listing
+        names = (protocol.LORA_NAME, "name", "id")  # vLLM's listing, ours, OpenAI's models
         for item in items:
-            name = item.get("lora_name") or item.get("name") or item.get("id") or "?"
-            row = {
-                "name": name,
-                **{k: v for k, v in item.items() if k not in ("lora_name", "name", "id")},
-            }
+            name = next((item[k] for k in names if item.get(k)), "?")
+            row = {"name": name, **{k: v for k, v in item.items() if k not in names}}
             state.adapters_by_tier.setdefault(str(item.get("tier", "unknown")), []).append(row)
     except EngineCallFailed as exc:
         state.errors.append(f"adapters: {exc.message}")
     except (ValueError, AttributeError) as exc:
         state.errors.append(f"adapters: the answer is not the expected JSON list ({exc})")
     try:
-        text = _call(engine, "GET", "/metrics").decode(errors="replace")
+        text = _call(engine, "GET", protocol.METRICS_PATH).decode(errors="replace")
         state.metrics, state.hit_rates = parse_metrics(text)
     except EngineCallFailed as exc:
         state.errors.append(f"metrics: {exc.message}")

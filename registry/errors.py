@@ -1,45 +1,122 @@
-"""Errors a caller can act on, raised by services; the API turns each into its status and code."""
+"""Errors a caller can act on, raised by the registry's services: one class per code.
+
+They are ApiErrors, so the API answers each with its status and code without translating;
+the web pages show their `message`. Grouped by what the caller got wrong.
+"""
+
+from platform_site.errors import ApiError
 
 
-class RegistryError(Exception):
-    status_code = 400
-    code = "invalid_request"
-
-    def __init__(self, message: str, *, code: str | None = None, param: str | None = None):
-        super().__init__(message)
-        self.message = message
-        self.param = param
-        if code is not None:
-            self.code = code
+class RegistryError(ApiError):
+    """Base of the registry's refusals (400 unless a subclass says otherwise)."""
 
 
-class Conflict(RegistryError):
-    """The request is fine but the registry's state forbids it (409)."""
-
-    status_code = 409
-    code = "conflict"
+# ---------------------------------------------------------------- names and base models
 
 
-class UploadTooLarge(RegistryError):
-    status_code = 413
-    code = "upload_too_large"
+class InvalidName(RegistryError, status=400, code="invalid_name"):
+    """An adapter name outside the slug rule (registry/names.py)."""
 
 
-class StorageUnavailable(RegistryError):
-    """Object storage could not be reached or failed; worth retrying later (503)."""
-
-    status_code = 503
-    code = "storage_unavailable"
+class NameTaken(RegistryError, status=400, code="name_taken"):
+    """An adapter may not shadow a base model's name in model strings."""
 
 
-class ObjectMissing(RegistryError):
-    """An object the registry recorded is not in storage: retrying will not bring it back."""
-
-    status_code = 500
-    code = "object_missing"
+class NoBaseModel(RegistryError, status=400, code="no_base_model"):
+    """No base model is served yet, so an adapter has nothing to attach to."""
 
 
-class NotServable(Conflict):
+class UnknownBaseModel(RegistryError, status=400, code="unknown_base_model"):
+    """The named base model is not imported."""
+
+
+# ---------------------------------------------------------------- aliases
+
+
+class InvalidAlias(RegistryError, status=400, code="invalid_alias"):
+    """An alias name outside the slug rule."""
+
+
+class ReservedAlias(RegistryError, status=400, code="reserved_alias"):
+    """`latest` and `v<N>` always mean what they say; they cannot be set."""
+
+
+class UnknownVersion(RegistryError, status=400, code="unknown_version"):
+    """The alias would point at a version number the adapter does not have."""
+
+
+class WeightNotAllowed(RegistryError, status=400, code="weight_not_allowed"):
+    """Only the canary alias takes a traffic weight."""
+
+
+class InvalidWeight(RegistryError, status=400, code="invalid_weight"):
+    """A canary weight outside 0..100."""
+
+
+# ---------------------------------------------------------------- uploads and imports
+
+
+class UnexpectedFile(RegistryError, status=400, code="unexpected_file"):
+    """A multipart upload with a file field other than `config` and `weights`."""
+
+
+class InvalidSource(RegistryError, status=400, code="invalid_source"):
+    """An import source that is not `s3://bucket/prefix/`."""
+
+
+class SourceNotAllowed(RegistryError, status=400, code="source_not_allowed"):
+    """An import from a bucket the operator has not opened for imports."""
+
+
+class SourceNotFound(RegistryError, status=400, code="source_not_found"):
+    """The import source lacks one of the two PEFT files."""
+
+
+class SourceUnreadable(RegistryError, status=400, code="source_unreadable"):
+    """The import source refused the read (permissions, wrong region...)."""
+
+
+class UploadTooLarge(RegistryError, status=413, code="upload_too_large"):
+    """More bytes than this deployment accepts for an adapter."""
+
+
+# ---------------------------------------------------------------- state conflicts (409)
+
+
+class Conflict(RegistryError, status=409, code="conflict"):
+    """The request is fine but the registry's state forbids it."""
+
+
+class AdapterExists(Conflict, status=409, code="adapter_exists"):
+    """The tenant already has an adapter of that name."""
+
+
+class AdapterInUse(Conflict, status=409, code="adapter_in_use"):
+    """Aliases still point at the adapter's versions."""
+
+
+class VersionNotReady(Conflict, status=409, code="version_not_ready"):
+    """An alias may only point at a ready version."""
+
+
+class VersionIncompatible(Conflict, status=409, code="version_incompatible"):
+    """The version has not been checked against (or failed on) the adapter's base model."""
+
+
+class InvalidTransition(Conflict, status=409, code="invalid_transition"):
+    """A version's status may not move that way (a ready version is immutable)."""
+
+
+class NotServable(Conflict, status=409, code="version_not_servable"):
     """The version exists but may not be served (not ready, or not checked against this base)."""
 
-    code = "version_not_servable"
+
+# ---------------------------------------------------------------- storage (the operator's side)
+
+
+class StorageUnavailable(RegistryError, status=503, code="storage_unavailable"):
+    """Object storage could not be reached or failed; worth retrying later."""
+
+
+class ObjectMissing(RegistryError, status=500, code="object_missing"):
+    """An object the registry recorded is not in storage: retrying will not bring it back."""

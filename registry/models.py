@@ -1,4 +1,4 @@
-"""Base models, tenants' adapters, their immutable versions, aliases (rollouts) and the audit trail.
+"""Base models, tenants' adapters, their immutable versions and aliases (rollouts).
 
 Rows are changed only through `registry.services`; reads go through `registry.selectors`,
 which is where tenant isolation lives.
@@ -60,15 +60,22 @@ class Adapter(models.Model):
 
 
 class AdapterVersion(models.Model):
-    """One upload. Its bytes never change (sha256 recorded); status moves forward only."""
+    """One upload. Its bytes never change (sha256 recorded); its status moves only as
+    `registry.services.transitions.ALLOWED` says."""
 
-    PENDING, VALIDATING, READY, REJECTED = "pending", "validating", "ready", "rejected"
-    STATUS_CHOICES = [(s, s) for s in (PENDING, VALIDATING, READY, REJECTED)]
+    class Status(models.TextChoices):
+        # Labels are the values: pages, the admin and the API all show the same word.
+        PENDING = "pending", "pending"
+        VALIDATING = "validating", "validating"
+        READY = "ready", "ready"
+        REJECTED = "rejected", "rejected"
+
+    PENDING, VALIDATING, READY, REJECTED = Status  # short names: AdapterVersion.READY
 
     adapter = models.ForeignKey(Adapter, on_delete=models.CASCADE, related_name="versions")
     number = models.PositiveIntegerField()
     uid = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
-    status = models.CharField(max_length=16, choices=STATUS_CHOICES, default=PENDING)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
     source = models.CharField(max_length=1100, help_text="'upload' or the s3:// prefix imported")
 
     config_key = models.CharField(max_length=500)
@@ -155,23 +162,3 @@ class Alias(models.Model):
 
     def __str__(self):
         return f"{self.adapter}@{self.name} -> v{self.version.number}"
-
-
-class AuditEvent(models.Model):
-    """Who did what to which object, with the state before and after. Append-only."""
-
-    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="audit_events")
-    actor = models.CharField(max_length=100, help_text="user:<name>, key:<prefix> or system:<part>")
-    verb = models.CharField(max_length=64)
-    object_type = models.CharField(max_length=32)
-    object_repr = models.CharField(max_length=200)
-    before = models.JSONField(null=True, blank=True)
-    after = models.JSONField(null=True, blank=True)
-    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
-
-    class Meta:
-        ordering = ["-created_at", "-id"]
-        indexes = [models.Index(fields=["tenant", "-created_at"])]
-
-    def __str__(self):
-        return f"{self.created_at:%Y-%m-%d %H:%M:%S} {self.actor} {self.verb} {self.object_repr}"

@@ -1,4 +1,4 @@
-"""Naming rules for adapters, aliases and base models, and how a model string names a version.
+"""Naming rules for adapters, aliases and base models (model strings: registry/model_names.py).
 
 Names end up in URLs, model strings (`<adapter>@<alias>`, `<adapter>:<n>`) and audit
 trails, never in file paths (storage keys and cache folders use ids), yet they are kept to
@@ -6,24 +6,25 @@ a strict slug so that `../`, `@`, `:` and look-alike characters are refused at t
 """
 
 import re
-from dataclasses import dataclass
 
 from django.core.validators import RegexValidator
+
+from .errors import InvalidAlias, InvalidName
 
 SLUG_PATTERN = r"[a-z0-9][a-z0-9_-]{0,62}"
 BASE_MODEL_PATTERN = r"[a-z0-9][a-z0-9._-]{0,99}"
 SLUG_RULE = "lowercase letters, digits, '-' and '_', starting with a letter or digit, at most 63"
 
 adapter_name_validator = RegexValidator(
-    rf"^{SLUG_PATTERN}\Z", f"Adapter names use {SLUG_RULE} characters.", code="invalid_name"
+    rf"^{SLUG_PATTERN}\Z", f"Adapter names use {SLUG_RULE} characters.", code=InvalidName.code
 )
 alias_name_validator = RegexValidator(
-    rf"^{SLUG_PATTERN}\Z", f"Alias names use {SLUG_RULE} characters.", code="invalid_alias"
+    rf"^{SLUG_PATTERN}\Z", f"Alias names use {SLUG_RULE} characters.", code=InvalidAlias.code
 )
 base_model_name_validator = RegexValidator(
     rf"^{BASE_MODEL_PATTERN}\Z",
     "Base model names use lowercase letters, digits, '.', '-' and '_' (at most 100).",
-    code="invalid_name",
+    code=InvalidName.code,
 )
 
 PRODUCTION = "production"
@@ -45,29 +46,3 @@ def version_number_of_alias(name: str) -> int | None:
     """`v3` -> 3; anything else -> None."""
     match = _VERSION_ALIAS.fullmatch(name)
     return int(match[1]) if match else None
-
-
-@dataclass(frozen=True)
-class ModelRef:
-    """What an inference request's `model` names: an adapter, and optionally how to pick a version."""
-
-    adapter: str
-    alias: str | None = None
-    number: int | None = None
-
-
-def parse_model_name(model: str) -> ModelRef | None:
-    """`bot`, `bot@canary`, `bot:3`; None when the string cannot name an adapter at all."""
-    if not isinstance(model, str):
-        return None
-    name, sep, alias = model.partition("@")
-    if sep:
-        if re.fullmatch(SLUG_PATTERN, name) and re.fullmatch(SLUG_PATTERN, alias):
-            return ModelRef(adapter=name, alias=alias)
-        return None
-    name, sep, number = model.partition(":")
-    if sep:
-        if re.fullmatch(SLUG_PATTERN, name) and re.fullmatch(r"[1-9][0-9]{0,8}", number):
-            return ModelRef(adapter=name, number=int(number))
-        return None
-    return ModelRef(adapter=model) if re.fullmatch(SLUG_PATTERN, model) else None

@@ -13,7 +13,7 @@ from django.db.models import QuerySet
 from django.http import Http404
 
 from .errors import NotServable
-from .models import Adapter, AdapterVersion, Alias, AuditEvent, BaseModel
+from .models import Adapter, AdapterVersion, Alias, BaseModel
 from .names import CANARY, LATEST, PRODUCTION, version_number_of_alias
 
 # ---------------------------------------------------------------- base models (not tenant-owned)
@@ -83,13 +83,6 @@ def alias_get(*, tenant, adapter_name: str, name: str) -> Alias:
         raise Http404("No such alias.") from None
 
 
-def audit_event_list(*, tenant, verb: str | None = None) -> QuerySet[AuditEvent]:
-    events = AuditEvent.objects.filter(tenant=tenant)
-    if verb:
-        events = events.filter(verb=verb)
-    return events
-
-
 # ---------------------------------------------------------------- serving
 
 
@@ -131,8 +124,8 @@ def adapter_version_resolve(
         raise NotServable(
             f"adapter '{adapter.name}' is for base model {base.name}, not served here"
         )
-    if alias is not None and version_number_of_alias(alias) is not None:
-        alias, number = None, version_number_of_alias(alias)
+    if alias is not None and (alias_number := version_number_of_alias(alias)) is not None:
+        alias, number = None, alias_number
     if number is not None:
         version = adapter_version_get(tenant=tenant, adapter_name=adapter_name, number=number)
     elif alias == LATEST:

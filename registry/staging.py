@@ -14,11 +14,12 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 
 from django.conf import settings
 
-from inference.engine.peft_rules import CONFIG_FILE, WEIGHTS_FILE, Check
+from inference.engine.lora.peft_rules import CONFIG_FILE, WEIGHTS_FILE, Check
 
 from . import objectstore
 from .errors import NotServable, RegistryError, UploadTooLarge
@@ -30,11 +31,8 @@ log = logging.getLogger(__name__)
 STALE_TEMP_SECONDS = 3600
 
 
-class StagingError(RegistryError):
+class StagingError(RegistryError, status=500, code="staging_integrity"):
     """The stored bytes are not the bytes that were validated; they must never be served."""
-
-    status_code = 500
-    code = "staging_integrity"
 
 
 def cache_dir() -> Path:
@@ -144,7 +142,7 @@ def _remove(folder: Path) -> None:
     shutil.rmtree(doomed, ignore_errors=True)
 
 
-def evict(*, keep: set[str] = frozenset(), budget: int | None = None) -> list[str]:
+def evict(*, keep: AbstractSet[str] = frozenset(), budget: int | None = None) -> list[str]:
     """Drop least recently used, unpinned folders until the cache fits its budget."""
     budget = settings.ADAPTER_CACHE_BYTES if budget is None else budget
     root = cache_dir()

@@ -16,9 +16,17 @@ from botocore.exceptions import BotoCoreError, ClientError
 from django.conf import settings
 from django.core.files.uploadhandler import TemporaryFileUploadHandler
 
-from inference.engine.peft_rules import CONFIG_FILE, WEIGHTS_FILE
+from inference.engine.lora.peft_rules import CONFIG_FILE, WEIGHTS_FILE
 
-from .errors import RegistryError, StorageUnavailable, UploadTooLarge
+from .errors import (
+    InvalidSource,
+    SourceNotAllowed,
+    SourceNotFound,
+    SourceUnreadable,
+    StorageUnavailable,
+    UnexpectedFile,
+    UploadTooLarge,
+)
 from .objectstore import CHUNK_BYTES, hash_stream, is_missing
 
 CONFIG_FIELD, WEIGHTS_FIELD = "config", "weights"
@@ -56,10 +64,9 @@ class LimitedUploadHandler(TemporaryFileUploadHandler):
 
     def new_file(self, field_name, *args, **kwargs):
         if field_name not in limits():
-            raise RegistryError(
+            raise UnexpectedFile(
                 f"unexpected file field {field_name!r}; send '{CONFIG_FIELD}' "
                 f"({CONFIG_FILE}) and '{WEIGHTS_FIELD}' ({WEIGHTS_FILE})",
-                code="unexpected_file",
                 param=field_name,
             )
         super().new_file(field_name, *args, **kwargs)
@@ -93,24 +100,21 @@ def parse_s3_source(source: str) -> S3Source:
     """`s3://bucket/prefix/` naming a folder with the two PEFT files; refuses path tricks."""
     match = _S3_SOURCE.fullmatch(source.strip())
     if match is None:
-        raise RegistryError(
+        raise InvalidSource(
             f"source must look like s3://bucket/prefix/, got {source!r}",
-            code="invalid_source",
             param="source",
         )
     bucket, prefix = match[1], match[2]
     parts = [p for p in prefix.split("/") if p]
     if any(p in (".", "..") for p in parts) or "//" in prefix or "\\" in prefix:
-        raise RegistryError(
+        raise InvalidSource(
             "source prefix must not contain '.', '..' or empty segments",
-            code="invalid_source",
             param="source",
         )
     if bucket == settings.S3_BUCKET or bucket not in settings.S3_IMPORT_BUCKETS:
         allowed = ", ".join(settings.S3_IMPORT_BUCKETS) or "none (imports are off)"
-        raise RegistryError(
+        raise SourceNotAllowed(
             f"bucket {bucket!r} is not open for imports; allowed buckets: {allowed}",
-            code="source_not_allowed",
             param="source",
         )
     return S3Source(bucket, "/".join(parts) + "/" if parts else "")
@@ -134,16 +138,14 @@ def _download(client, source: S3Source, file: str, field: str, dest: Path) -> No
         obj = client.get_object(Bucket=source.bucket, Key=key)
     except (BotoCoreError, ClientError) as exc:
         if is_missing(exc):
-            raise RegistryError(
+            raise SourceNotFound(
                 f"{file} not found at s3://{source.bucket}/{key}",
-                code="source_not_found",
                 param="source",
             ) from exc
         if isinstance(exc, ClientError):
             code = exc.response.get("Error", {}).get("Code", "error")
-            raise RegistryError(
+            raise SourceUnreadable(
                 f"cannot read s3://{source.bucket}/{key}: {code}",
-                code="source_unreadable",
                 param="source",
             ) from exc
         raise StorageUnavailable(

@@ -1,6 +1,6 @@
 """The registry's validator: two local files in, a report a person can read out.
 
-The PEFT rules live once, in `inference.engine.peft_rules.check_adapter`; this module adds
+The PEFT rules live once, in `inference.engine.lora.peft_rules.check_adapter`; this module adds
 only what belongs to the registry (sizes, the integrity of the stored bytes, refusing to
 look further at a file that is not safetensors) and the report format. It is a pure
 function of its inputs: no database, no storage, no Django settings, and for any bytes it
@@ -10,10 +10,12 @@ returns a `ValidationResult` (never raises on bad content).
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from inference.engine.peft_rules import (
+from inference.engine.formats.safetensors_header import HeaderError, parse_header
+from inference.engine.lora.peft_rules import (
     CONFIG_FILE,
     WEIGHTS_FILE,
     AdapterError,
@@ -23,7 +25,6 @@ from inference.engine.peft_rules import (
     check_adapter,
     parse_config,
 )
-from inference.engine.safetensors_header import HeaderError, parse_header
 
 from .objectstore import Digest
 
@@ -125,7 +126,7 @@ def validate_adapter_files(
     max_weights_bytes: int,
     base_model_name: str | None = None,
     check_values: bool = True,
-    prior_checks: list[Check] = (),
+    prior_checks: Sequence[Check] = (),
 ) -> ValidationResult:
     """Every check on an adapter's two files; `check_values=False` reads only the header."""
     checks = list(prior_checks)

@@ -3,6 +3,8 @@
 from django.contrib import admin, messages
 from django.db.models import Count, Q
 
+from platform_site.admin_columns import count_column
+
 from .models import ApiKey, Membership, Tenant, UsageRecord
 from .services import api_key_revoke, tenant_set_active
 
@@ -21,30 +23,21 @@ class TenantAdmin(admin.ModelAdmin):
     inlines = [MembershipInline]
     actions = ["suspend", "reactivate"]
 
+    members = count_column("n_members", description="members")
+    adapters = count_column("n_adapters", description="adapters")
+    live_keys = count_column("n_live_keys", description="unrevoked keys")
+
     def get_queryset(self, request):
+        live = Q(api_keys__revoked_at__isnull=True)
         return (
             super()
             .get_queryset(request)
             .annotate(
                 n_members=Count("memberships", distinct=True),
                 n_adapters=Count("adapters", distinct=True),
-                n_live_keys=Count(
-                    "api_keys", filter=Q(api_keys__revoked_at__isnull=True), distinct=True
-                ),
+                n_live_keys=Count("api_keys", filter=live, distinct=True),
             )
         )
-
-    @admin.display(ordering="n_members")
-    def members(self, obj):
-        return obj.n_members
-
-    @admin.display(ordering="n_adapters")
-    def adapters(self, obj):
-        return obj.n_adapters
-
-    @admin.display(description="unrevoked keys", ordering="n_live_keys")
-    def live_keys(self, obj):
-        return obj.n_live_keys
 
     @admin.action(description="Suspend selected tenants (their keys stop working)")
     def suspend(self, request, queryset):

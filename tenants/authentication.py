@@ -1,15 +1,10 @@
-"""DRF glue: API keys in, the same error codes as every other path out."""
+"""DRF glue: API keys in; refusals are KeyRejected errors, answered by the one error handler."""
 
-from rest_framework import authentication, exceptions, permissions
+from rest_framework import authentication, permissions
 
-from .keyauth import KeyRejected, api_key_from_header
+from .keyauth import BEARER_CHALLENGE, InsufficientScope, KeyRejected, api_key_from_header
 from .principal import KeyUser, principal_for_request
 from .services import api_key_touch
-
-
-def as_drf_error(rejected: KeyRejected) -> exceptions.APIException:
-    cls = exceptions.AuthenticationFailed if rejected.status == 401 else exceptions.PermissionDenied
-    return cls(detail=rejected.message, code=rejected.code)
 
 
 class ApiKeyAuthentication(authentication.BaseAuthentication):
@@ -21,13 +16,16 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
             return None
         try:
             api_key = api_key_from_header(header)
-        except KeyRejected as rejected:
-            raise as_drf_error(rejected) from None
+        except KeyRejected:
+            # What DRF does for its own exceptions, so that rendering the refusal (the
+            # browsable API reads request.user) does not authenticate, and fail, again.
+            request._not_authenticated()
+            raise
         api_key_touch(api_key=api_key)
         return KeyUser(api_key), api_key
 
     def authenticate_header(self, request):
-        return 'Bearer realm="loraplex"'
+        return BEARER_CHALLENGE  # also keeps DRF from turning NotAuthenticated into a 403
 
 
 class TenantScope(permissions.BasePermission):
@@ -36,13 +34,8 @@ class TenantScope(permissions.BasePermission):
     def has_permission(self, request, view):
         if not (request.user and request.user.is_authenticated):
             return False
-        try:
-            principal = principal_for_request(request)
-        except KeyRejected as rejected:
-            raise as_drf_error(rejected) from None
+        principal = principal_for_request(request)
         required = view.required_scopes.get(request.method, view.required_scopes.get("*"))
         if required and not principal.has_scope(required):
-            raise exceptions.PermissionDenied(
-                detail=principal.missing_scope_message(required), code="insufficient_scope"
-            )
+            raise InsufficientScope(principal.missing_scope_message(required))
         return True

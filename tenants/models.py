@@ -77,13 +77,23 @@ class ApiKey(models.Model):
 class UsageRecord(models.Model):
     """One inference request, metered: written off the request path, in batches."""
 
-    OK, ERROR, ABORTED = "ok", "error", "aborted"
-    STATUS_CHOICES = [(OK, "OK"), (ERROR, "Error"), (ABORTED, "Aborted")]
+    class Status(models.TextChoices):
+        OK = "ok", "OK"
+        ERROR = "error", "Error"
+        ABORTED = "aborted", "Aborted"
+
+    OK, ERROR, ABORTED = Status  # short names: UsageRecord.OK
 
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="usage")
-    api_key = models.ForeignKey(ApiKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    api_key = models.ForeignKey(
+        ApiKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     adapter_version = models.ForeignKey(
-        "registry.AdapterVersion", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+        "registry.AdapterVersion",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
     )
     model = models.CharField(max_length=200, help_text="The model name as the client sent it.")
     endpoint = models.CharField(max_length=32)
@@ -91,7 +101,7 @@ class UsageRecord(models.Model):
     completion_tokens = models.PositiveIntegerField(default=0)
     ttft_ms = models.PositiveIntegerField(null=True, blank=True)
     duration_ms = models.PositiveIntegerField(default=0)
-    status = models.CharField(max_length=16, choices=STATUS_CHOICES, default=OK)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.OK)
     created_at = models.DateTimeField(default=timezone.now, db_index=True)
 
     class Meta:

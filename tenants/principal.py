@@ -6,11 +6,15 @@ scopes their role implies.
 """
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from .keyauth import KeyRejected
+from .keyauth import NoTenant, require_active
 from .models import ApiKey, Tenant
 from .scopes import SCOPES_BY_ROLE
 from .selectors import membership_for
+
+if TYPE_CHECKING:
+    from django.contrib.auth.base_user import AbstractBaseUser
 
 TENANT_HEADER = "HTTP_X_LORAPLEX_TENANT"
 SESSION_TENANT = "tenant_slug"
@@ -20,7 +24,7 @@ SESSION_TENANT = "tenant_slug"
 class Principal:
     tenant: Tenant
     scopes: frozenset
-    user: object | None = None
+    user: "AbstractBaseUser | None" = None
     api_key: ApiKey | None = None
     role: str | None = None
 
@@ -32,6 +36,7 @@ class Principal:
         """How audit trails and errors name the caller."""
         if self.api_key is not None:
             return f"key:{self.api_key.prefix}"
+        assert self.user is not None, "a principal is an API key or a signed-in user"
         return f"user:{self.user.get_username()}"
 
     def missing_scope_message(self, scope: str) -> str:
@@ -62,11 +67,8 @@ def principal_for(
         return Principal(tenant=api_key.tenant, scopes=frozenset(api_key.scopes), api_key=api_key)
     membership = membership_for(user=user, tenant_slug=tenant_slug)
     if membership is None:
-        raise KeyRejected(403, "no_tenant", "You are not a member of this tenant.")
-    if not membership.tenant.is_active:
-        raise KeyRejected(
-            403, "tenant_suspended", "This tenant is suspended; contact the operator."
-        )
+        raise NoTenant("You are not a member of this tenant.")
+    require_active(membership.tenant)
     return Principal(
         tenant=membership.tenant,
         scopes=SCOPES_BY_ROLE[membership.role],

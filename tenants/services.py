@@ -7,7 +7,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from registry.audit import audit_record
+from audit.services import Subject, audit_record, snapshot
 
 from . import keys
 from .models import ApiKey, Membership, Tenant
@@ -61,14 +61,14 @@ def _actor(actor: str | None, user=None) -> str:
     return f"user:{user.get_username()}" if user is not None else "system"
 
 
+def _audit(api_key: ApiKey, verb: str, *, actor: str, before=None, after=None) -> None:
+    name = f"{api_key.name} (lpx_{api_key.prefix})"
+    subject = Subject(tenant=api_key.tenant, type="api_key", name=name)
+    audit_record(subject=subject, actor=actor, verb=verb, before=before, after=after)
+
+
 def _key_snapshot(api_key: ApiKey) -> dict:
-    return {
-        "name": api_key.name,
-        "prefix": api_key.prefix,
-        "scopes": api_key.scopes,
-        "expires_at": api_key.expires_at,
-        "revoked_at": api_key.revoked_at,
-    }
+    return snapshot(api_key, "name", "prefix", "scopes", "expires_at", "revoked_at")
 
 
 @transaction.atomic
@@ -100,14 +100,7 @@ def api_key_create(
     )
     api_key.full_clean()
     api_key.save()
-    audit_record(
-        tenant=tenant,
-        actor=_actor(actor, created_by),
-        verb="api_key.create",
-        object_type="api_key",
-        object_repr=f"{api_key.name} (lpx_{api_key.prefix})",
-        after=_key_snapshot(api_key),
-    )
+    _audit(api_key, "api_key.create", actor=_actor(actor, created_by), after=_key_snapshot(api_key))
     return api_key, new.full
 
 
@@ -118,15 +111,8 @@ def api_key_revoke(*, api_key: ApiKey, actor: str | None = None) -> ApiKey:
         before = _key_snapshot(api_key)
         api_key.revoked_at = timezone.now()
         api_key.save(update_fields=["revoked_at"])
-        audit_record(
-            tenant=api_key.tenant,
-            actor=_actor(actor),
-            verb="api_key.revoke",
-            object_type="api_key",
-            object_repr=f"{api_key.name} (lpx_{api_key.prefix})",
-            before=before,
-            after=_key_snapshot(api_key),
-        )
+        after = _key_snapshot(api_key)
+        _audit(api_key, "api_key.revoke", actor=_actor(actor), before=before, after=after)
     return api_key
 
 

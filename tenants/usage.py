@@ -1,39 +1,47 @@
-"""Reading usage records: totals per adapter or per day for one tenant (the one usage selector)."""
+"""Reading usage records: the one usage selector, for the REST API and the pages alike.
+
+"Per adapter" has one meaning: a request counts for the adapter version it ran, whatever
+the client called it (`bot`, `bot@canary` and `bot:3` are all version 3 of `bot`); a
+request that ran no adapter counts under the model name it sent, which is the base
+model's (or, once an adapter is deleted, the name its old requests used).
+"""
 
 from datetime import datetime
 
 from django.db.models import Count, F, Sum
-from django.db.models.functions import TruncDate
+from django.db.models.functions import Coalesce, TruncDate
 
 from .models import Tenant, UsageRecord
 
-GROUPINGS = ("adapter", "day")
+KEYS = {
+    "day": TruncDate("created_at"),
+    "adapter": Coalesce(F("adapter_version__adapter__name"), F("model")),
+    "version": F("adapter_version__number"),  # None for the base model
+}
+# What GET /api/v1/usage/?group_by= offers, and the keys each one groups by.
+GROUPINGS = {"adapter": ("adapter", "version"), "day": ("day",)}
 
 
-def usage_summary(*, tenant: Tenant, start: datetime, end: datetime, group_by: str) -> list[dict]:
-    """Rows of requests and tokens in [start, end), grouped by adapter (model name) or by day."""
-    if group_by not in GROUPINGS:
-        raise ValueError(f"group_by must be one of {', '.join(GROUPINGS)}")
-    records = UsageRecord.objects.filter(tenant=tenant, created_at__gte=start, created_at__lt=end)
-    key = F("model") if group_by == "adapter" else TruncDate("created_at")
+def usage_totals(
+    *, tenant: Tenant, start: datetime, end: datetime, by: tuple[str, ...]
+) -> list[dict]:
+    """Requests and tokens in [start, end), one row per value of the `by` keys (see KEYS).
+
+    Rows hold the keys (day as a date) and requests, prompt/completion/total tokens,
+    ordered by the keys, the base model's null version first.
+    """
+    unknown = set(by) - set(KEYS)
+    if unknown:
+        raise ValueError(f"cannot group usage by {', '.join(sorted(unknown))}")
     rows = (
-        records.annotate(group=key)
-        .values("group")
+        UsageRecord.objects.filter(tenant=tenant, created_at__gte=start, created_at__lt=end)
+        .annotate(**{key: KEYS[key] for key in by})
+        .values(*by)
         .annotate(
             requests=Count("id"),
             prompt_tokens=Sum("prompt_tokens"),
             completion_tokens=Sum("completion_tokens"),
         )
-        .order_by("group")
+        .order_by(*(F(key).asc(nulls_first=True) for key in by))
     )
-    return [
-        {
-            group_by: row["group"].isoformat() if group_by == "day" else row["group"],
-            "requests": row["requests"],
-            "prompt_tokens": row["prompt_tokens"] or 0,
-            "completion_tokens": row["completion_tokens"] or 0,
-            "total_tokens": (row["prompt_tokens"] or 0) + (row["completion_tokens"] or 0),
-        }
-        for row in rows
-    ]
-
+    return [row | {"total_tokens": row["prompt_tokens"] + row["completion_tokens"]} for row in rows]

@@ -67,16 +67,21 @@ def key_client():
     return make
 
 
-@pytest.fixture
-def user_client():
-    """user_client(user) -> an APIClient signed in as that user (session auth)."""
+def signed_in_clients(client_class):
+    """make(user) -> a `client_class` test client with that user's session."""
 
     def make(user):
-        client = APIClient()
+        client = client_class()
         client.force_login(user)
         return client
 
     return make
+
+
+@pytest.fixture
+def user_client():
+    """user_client(user) -> an APIClient signed in as that user (session auth)."""
+    return signed_in_clients(APIClient)
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ def make_peft_adapter(
     out_dir: str | Path,
     *,
     rank: int = 8,
-    alpha: float = 16,
+    alpha: int = 16,
     targets: Sequence[str] = ("q_proj", "v_proj"),
     use_rslora: bool = False,
     seed: int = 0,

@@ -12,7 +12,7 @@ import functools
 import os
 from pathlib import Path
 
-from inference.engine.convert import ensure_converted
+from inference.engine.formats.convert import ensure_converted
 
 PRESET = "smollm2-135m-instruct"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"

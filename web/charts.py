@@ -82,7 +82,7 @@ def stacked_bars(
     bars = []
     for i, day in enumerate(days):
         x = left + i * slot + (slot - bar_w) / 2
-        y = bottom
+        y: float = bottom
         for name, values in series.items():
             value = values.get(day, 0)
             if not value:

@@ -11,7 +11,7 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.shortcuts import redirect
 
-from tenants.keyauth import KeyRejected
+from tenants.keyauth import KeyRejected, NoTenant
 from tenants.principal import SESSION_TENANT, principal_for
 
 from .pages import render_page
@@ -27,7 +27,7 @@ def member_required(view):
         try:
             principal = principal_for(user=request.user, tenant_slug=slug)
         except KeyRejected as rejected:
-            if rejected.code == "no_tenant" and slug:
+            if isinstance(rejected, NoTenant) and slug:
                 # Removed from that tenant since choosing it: fall back to their first one.
                 del request.session[SESSION_TENANT]
                 return redirect(request.get_full_path())

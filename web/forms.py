@@ -40,5 +40,9 @@ class UsagePeriodForm(forms.Form):
     PERIODS = (7, 30, 90)
 
     days = forms.TypedChoiceField(
-        choices=[(d, f"{d} days") for d in PERIODS], coerce=int, required=False, empty_value=30
+        choices=[(d, f"{d} days") for d in PERIODS],
+        coerce=int,
+        required=False,
+        # django-stubs type empty_value as str | None; Django takes (and returns) any value.
+        empty_value=30,  # type: ignore[arg-type]
     )

@@ -1,27 +1,23 @@
-"""What the pages show, composed from the tenant-scoped selectors of `tenants` and `registry`.
+"""What the pages show, composed from the tenant-scoped selectors of `tenants`, `registry` and
+`audit`.
 
-Every query here starts from one of those selectors (or filters UsageRecord by tenant), so
-tenant isolation stays where it is enforced for the REST API.
+Every query here starts from one of those selectors, so tenant isolation stays where it
+is enforced for the REST API.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import date, datetime, timedelta
+from datetime import datetime, timedelta
 
-from django.db.models import Count, OuterRef, Q, Subquery, Sum
-from django.db.models.functions import TruncDate
+from django.db.models import OuterRef, Q, Subquery
 from django.utils import timezone
 
-from registry.models import Adapter, AdapterVersion, Alias, AuditEvent
-from registry.selectors import (
-    adapter_list,
-    adapter_version_list,
-    alias_list,
-    audit_event_list,
-    base_model_served,
-)
-from tenants.models import UsageRecord
+from audit.models import AuditEvent
+from audit.selectors import audit_event_list
+from registry.models import Adapter, AdapterVersion, Alias
+from registry.selectors import adapter_list, adapter_version_list, alias_list, base_model_served
+from tenants.usage import usage_totals
 
 TERMINAL = (AdapterVersion.READY, AdapterVersion.REJECTED)
 
@@ -45,21 +41,16 @@ def adapter_rows(*, tenant, now: datetime | None = None) -> list[AdapterRow]:
     aliases: dict[int, list[Alias]] = {}
     for alias in alias_list(tenant=tenant):
         aliases.setdefault(alias.adapter_id, []).append(alias)
-    requests = dict(
-        UsageRecord.objects.filter(
-            tenant=tenant,
-            created_at__gte=now - timedelta(hours=24),
-            adapter_version__adapter__tenant=tenant,
-        )
-        .values_list("adapter_version__adapter_id")
-        .annotate(n=Count("id"))
+    last_day = usage_totals(
+        tenant=tenant, start=now - timedelta(hours=24), end=now, by=("adapter",)
     )
+    requests = {row["adapter"]: row["requests"] for row in last_day}
     return [
         AdapterRow(
             adapter=a,
             latest=latest.get(a.latest_pk),
             aliases=aliases.get(a.pk, []),
-            requests_24h=requests.get(a.pk, 0),
+            requests_24h=requests.get(a.name, 0),
         )
         for a in adapters
     ]
@@ -134,46 +125,3 @@ def playground_models(*, tenant) -> PlaygroundModels:
                     )
                 )
     return PlaygroundModels(base=base.name, adapters=choices)
-
-
-@dataclass
-class UsageRow:
-    day: date
-    adapter: str
-    requests: int
-    prompt_tokens: int
-    completion_tokens: int
-
-    @property
-    def total_tokens(self) -> int:
-        return self.prompt_tokens + self.completion_tokens
-
-
-def usage_by_day_and_adapter(*, tenant, start: datetime, end: datetime) -> list[UsageRow]:
-    """Tokens per UTC day per adapter in [start, end).
-
-    Requests that ran an adapter version count for that adapter, whatever alias or version
-    the client named; the others (the base model) count under the model name they sent.
-    """
-    grouped = (
-        UsageRecord.objects.filter(tenant=tenant, created_at__gte=start, created_at__lt=end)
-        .annotate(day=TruncDate("created_at"))
-        .values("day", "adapter_version__adapter__name", "model")
-        .annotate(
-            requests=Count("id"),
-            prompt=Sum("prompt_tokens"),
-            completion=Sum("completion_tokens"),
-        )
-    )
-    merged: dict[tuple[date, str], UsageRow] = {}
-    for row in grouped:
-        label = row["adapter_version__adapter__name"] or row["model"]
-        key = (row["day"], label)
-        if key not in merged:
-            merged[key] = UsageRow(
-                day=row["day"], adapter=label, requests=0, prompt_tokens=0, completion_tokens=0
-            )
-        merged[key].requests += row["requests"]
-        merged[key].prompt_tokens += row["prompt"] or 0
-        merged[key].completion_tokens += row["completion"] or 0
-    return [merged[key] for key in sorted(merged)]

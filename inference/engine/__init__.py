@@ -1,0 +1,90 @@
+"""Loraplex's inference engine: one base model, many LoRA adapters, continuous batching.
+
+The front door: import what a caller needs from here (`from inference.engine import
+LLMEngine, EngineRequest`). The core loop lives in this folder (config, llm_engine,
+async_engine, scheduler, block_manager, kv_cache, sequence, sampler, outputs); `model/`
+holds the Llama layers, `lora/` the adapters (device slots, host cache, loader, PEFT rules)
+and `formats/` the offline tools (GGUF conversion, safetensors headers). Nothing here
+imports Django.
+
+Names load on first use, so `import inference.engine.lora.peft_rules` (the registry's
+validator) pulls in neither torch nor the model.
+"""
+
+from importlib import import_module
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .async_engine import AsyncLLMEngine, RequestStream
+    from .config import EngineConfig
+    from .errors import (
+        AdapterLoadError,
+        ConfigError,
+        DuplicateRequestError,
+        EngineError,
+        EngineStoppedError,
+        InvalidRequestError,
+        ModelLoadError,
+        PromptTooLongError,
+        SamplingParamsError,
+    )
+    from .llm_engine import LLMEngine
+    from .outputs import CompletionOutput, RequestOutput, TokenLogprob
+    from .request import EngineRequest, LoRARequest
+    from .sampling_params import SamplingParams
+    from .tokenizer import TokenizerError
+
+__all__ = [
+    "AdapterLoadError",
+    "AsyncLLMEngine",
+    "CompletionOutput",
+    "ConfigError",
+    "DuplicateRequestError",
+    "EngineConfig",
+    "EngineError",
+    "EngineRequest",
+    "EngineStoppedError",
+    "InvalidRequestError",
+    "LLMEngine",
+    "LoRARequest",
+    "ModelLoadError",
+    "PromptTooLongError",
+    "RequestOutput",
+    "RequestStream",
+    "SamplingParams",
+    "SamplingParamsError",
+    "TokenLogprob",
+    "TokenizerError",
+]
+
+# module (in this package) -> the public names it defines
+_HOMES = {
+    "async_engine": ("AsyncLLMEngine", "RequestStream"),
+    "config": ("EngineConfig",),
+    "errors": (
+        "AdapterLoadError",
+        "ConfigError",
+        "DuplicateRequestError",
+        "EngineError",
+        "EngineStoppedError",
+        "InvalidRequestError",
+        "ModelLoadError",
+        "PromptTooLongError",
+        "SamplingParamsError",
+    ),
+    "llm_engine": ("LLMEngine",),
+    "outputs": ("CompletionOutput", "RequestOutput", "TokenLogprob"),
+    "request": ("EngineRequest", "LoRARequest"),
+    "sampling_params": ("SamplingParams",),
+    "tokenizer": ("TokenizerError",),
+}
+_HOME = {name: module for module, names in _HOMES.items() for name in names}
+
+
+def __getattr__(name: str) -> object:
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(f".{home}", __name__), name)
+    globals()[name] = value  # later lookups skip this function
+    return value

@@ -12,33 +12,43 @@ import asyncio
 import logging
 import queue
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
+from typing import Any
 
-from .errors import DuplicateRequestError, EngineError
+from .config import EngineConfig
+from .errors import DuplicateRequestError, EngineError, EngineStoppedError
 from .llm_engine import LLMEngine
-from .lora import LoRARequest
 from .outputs import RequestOutput
-from .sampling_params import SamplingParams
+from .request import EngineRequest, LoRARequest
+from .sequence import Sequence
+from .utils import drain
 
 logger = logging.getLogger(__name__)
 
-
-class EngineStoppedError(EngineError):
-    """The engine was shut down; no new requests are taken."""
+# What a stream's queue carries: an output, or an exception to raise to the caller.
+StreamItem = RequestOutput | BaseException
+# A LoRA control run on the step thread: (function, its arguments, the caller's future).
+Call = tuple[Callable[..., Any], tuple[Any, ...], Future[Any]]
+# The step thread's commands: ("add", Sequence), ("abort", request id) or ("call", Call).
+Command = tuple[str, Any]
 
 
 class RequestStream:
     """The deltas of one request, as an async iterator. Ends after the output whose
-    `finished` is set; stopping early (cancel, `aclose()`, or dropping it) aborts the request."""
+    `finished` is set; stopping early (cancel, `aclose()`, or dropping it) aborts the request
+    through `on_close(request_id)`."""
 
-    def __init__(self, owner: "AsyncLLMEngine", request_id: str, loop: asyncio.AbstractEventLoop):
+    def __init__(
+        self, request_id: str, loop: asyncio.AbstractEventLoop, on_close: Callable[[str], None]
+    ):
         self.request_id = request_id
         self.loop = loop
-        self.queue: asyncio.Queue = asyncio.Queue()  # RequestOutput, or an exception to raise
-        self._owner = owner
+        self.queue: asyncio.Queue[StreamItem] = asyncio.Queue()
+        self._on_close = on_close
         self._done = False
 
-    def __aiter__(self):
+    def __aiter__(self) -> "RequestStream":
         return self
 
     async def __anext__(self) -> RequestOutput:
@@ -55,76 +65,64 @@ class RequestStream:
         self._done = item.finished
         return item
 
-    async def aclose(self):
+    async def aclose(self) -> None:
         self._stop()
 
-    def __del__(self):
+    def put(self, item: StreamItem) -> None:
+        """Hand an item to the caller's event loop (from any thread). RuntimeError if that
+        loop is closed."""
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+
+    def __del__(self) -> None:
         self._stop()
 
-    def _stop(self):
+    def _stop(self) -> None:
         if not self._done:
             self._done = True
-            self._owner._stream_closed(self.request_id)
+            self._on_close(self.request_id)
 
 
 class AsyncLLMEngine:
     def __init__(self, engine: LLMEngine):
         self.engine = engine
-        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._commands: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self._wakeup = threading.Event()
         self._lock = threading.Lock()  # guards _streams and _stopped
         self._streams: dict[str, RequestStream] = {}
         self._stopped = False
-        if engine.lora_manager is not None:
-            engine.lora_manager.loader.wakeup = self._wakeup.set  # a finished load may unblock
+        engine.on_load_finished(self._wakeup.set)  # a finished load may unblock requests
         self._thread = threading.Thread(target=self._run, name="loraplex-engine-step", daemon=True)
         self._thread.start()
 
     @classmethod
-    def from_config(cls, config=None, **kwargs) -> "AsyncLLMEngine":
+    def from_config(cls, config: EngineConfig | None = None, **kwargs: Any) -> "AsyncLLMEngine":
         return cls(LLMEngine(config, **kwargs))
 
-    def generate(
-        self,
-        request_id: str,
-        prompt: str | None = None,
-        sampling_params: SamplingParams | None = None,
-        *,
-        prompt_token_ids: list[int] | None = None,
-        lora_request: LoRARequest | None = None,
-        fairness_key: str | None = None,
-    ) -> RequestStream:
+    def generate(self, request: EngineRequest) -> RequestStream:
         """Queue a request and return its stream of deltas. Call it from a coroutine; a bad
         request raises here, before anything is queued. If its adapter cannot be loaded, the
         stream raises AdapterLoadError (whose message names the failed checks)."""
         loop = asyncio.get_running_loop()
-        seq = self.engine.make_sequence(
-            request_id,
-            prompt,
-            sampling_params,
-            prompt_token_ids=prompt_token_ids,
-            lora_request=lora_request,
-            fairness_key=fairness_key,
-        )
-        stream = RequestStream(self, request_id, loop)
+        seq = self.engine.make_sequence(request)
         with self._lock:
             if self._stopped:
-                stream._done = True
                 raise EngineStoppedError("the engine is shut down and takes no new requests")
-            if request_id in self._streams:
-                stream._done = True
+            if seq.request_id in self._streams:
                 raise DuplicateRequestError(
-                    f"request id {request_id!r} is already in use; give each request a unique id"
+                    f"request id {seq.request_id!r} is already in use; give each request a "
+                    f"unique id"
                 )
-            self._streams[request_id] = stream
-            self._send("add", seq)  # under the lock, so shutdown cannot miss it
+            stream = self._streams[seq.request_id] = RequestStream(
+                seq.request_id, loop, self._stream_closed
+            )
+            self._send(("add", seq))  # under the lock, so shutdown cannot miss it
         return stream
 
-    def abort(self, request_id: str):
+    def abort(self, request_id: str) -> None:
         """Stop a request; its stream, if still read, ends with finish_reason "abort"."""
-        self._send("abort", request_id)
+        self._send(("abort", request_id))
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, Any]:
         return self.engine.stats()
 
     def is_alive(self) -> bool:
@@ -136,28 +134,29 @@ class AsyncLLMEngine:
     async def load_lora(self, lora_request: LoRARequest, pin: bool = False) -> None:
         """Bring an adapter into host memory (and, with `pin`, keep it in a device slot).
         Returns once it is loaded; raises AdapterLoadError naming the failed checks."""
-        self.engine._check_lora_request(lora_request)
+        self.engine.check_lora_request(lora_request)
         await asyncio.wrap_future(self._call(self.engine.load_lora, lora_request, pin))
 
     async def unload_lora(self, adapter_id: str) -> bool:
         """True if the adapter was known and is now dropped; refused while requests use it."""
-        return await asyncio.wrap_future(self._call(self.engine.unload_lora, adapter_id))
+        unloaded: bool = await asyncio.wrap_future(self._call(self.engine.unload_lora, adapter_id))
+        return unloaded
 
     async def pin_lora(self, adapter_id: str, pinned: bool = True) -> None:
         await asyncio.wrap_future(self._call(self.engine.pin_lora, adapter_id, pinned))
 
-    async def list_loras(self) -> list[dict]:
+    async def list_loras(self) -> list[dict[str, Any]]:
         return self.engine.list_loras()  # a read under the LoRA manager's lock
 
-    def _call(self, fn, *args) -> Future:
-        future: Future = Future()
+    def _call(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        future: Future[Any] = Future()
         with self._lock:
             if self._stopped:
                 raise EngineStoppedError("the engine is shut down")
-            self._send("call", (fn, args, future))
+            self._send(("call", (fn, args, future)))
         return future
 
-    def shutdown(self, timeout: float | None = 10.0):
+    def shutdown(self, timeout: float | None = 10.0) -> None:
         """Stop the step thread; streams still open end with finish_reason "abort"."""
         with self._lock:
             self._stopped = True
@@ -165,18 +164,18 @@ class AsyncLLMEngine:
         self._thread.join(timeout)
         self.engine.close()
 
-    def _stream_closed(self, request_id: str):
+    def _stream_closed(self, request_id: str) -> None:
         with self._lock:
             self._streams.pop(request_id, None)
-        self._send("abort", request_id)
+        self._send(("abort", request_id))
 
-    def _send(self, command: str, arg):
-        self._commands.put((command, arg))
+    def _send(self, command: Command) -> None:
+        self._commands.put(command)
         self._wakeup.set()
 
     # -- the step thread --------------------------------------------------------------------
 
-    def _run(self):
+    def _run(self) -> None:
         idle = None  # seconds to wait for a wakeup; None: until a command or load arrives
         while True:
             self._wakeup.wait(idle)
@@ -194,6 +193,7 @@ class AsyncLLMEngine:
             if not self.engine.has_unfinished():
                 continue
             in_flight = list(self.engine.requests)
+            outputs: list[RequestOutput] | None
             try:
                 outputs = self.engine.step()
             except Exception as e:  # a failing step must not leave callers waiting forever
@@ -209,47 +209,33 @@ class AsyncLLMEngine:
             else:
                 self._wakeup.set()  # keep stepping while work remains
 
-    def _apply_commands(self):
-        while True:
-            try:
-                command, arg = self._commands.get_nowait()
-            except queue.Empty:
-                return
+    def _apply_commands(self) -> None:
+        for command, arg in drain(self._commands):
             if command == "add":
-                try:
-                    self.engine.add_sequence(arg)
-                except EngineError as e:
-                    self._deliver(arg.request_id, e)
+                self._add(arg)
             elif command == "call":
-                fn, args, future = arg
-                try:
-                    result = fn(*args)
-                except Exception as e:
-                    future.set_exception(e)
-                    continue
-                if isinstance(result, Future):  # load_lora: resolved by a later step
-                    _chain(result, future)
-                else:
-                    future.set_result(result)
+                _run_call(arg)
             else:
                 self.engine.abort(arg)
 
-    def _fail_calls(self):
+    def _add(self, seq: Sequence) -> None:
+        try:
+            self.engine.add_sequence(seq)
+        except EngineError as e:
+            self._deliver(seq.request_id, e)
+
+    def _fail_calls(self) -> None:
         """After shutdown: calls still queued get an error instead of waiting forever."""
-        while True:
-            try:
-                command, arg = self._commands.get_nowait()
-            except queue.Empty:
-                return
+        for command, arg in drain(self._commands):
             if command == "call":
                 arg[2].set_exception(EngineStoppedError("the engine is shut down"))
 
-    def _deliver_all(self, outputs: list[RequestOutput]):
+    def _deliver_all(self, outputs: list[RequestOutput]) -> None:
         for out in outputs:
             # a request that could not be served (its adapter failed to load) raises
             self._deliver(out.request_id, out if out.error is None else out.error)
 
-    def _deliver(self, request_id: str, item):
+    def _deliver(self, request_id: str, item: StreamItem) -> None:
         with self._lock:
             stream = self._streams.get(request_id)
             if stream is not None and (isinstance(item, BaseException) or item.finished):
@@ -257,11 +243,11 @@ class AsyncLLMEngine:
         if stream is None:
             return  # the caller has gone; its abort is queued
         try:
-            stream.loop.call_soon_threadsafe(stream.queue.put_nowait, item)
+            stream.put(item)
         except RuntimeError:  # the caller's event loop is closed
             self.engine.abort(request_id)
 
-    def _fail(self, request_ids: list[str], error: Exception):
+    def _fail(self, request_ids: list[str], error: Exception) -> None:
         for request_id in request_ids:
             self.engine.abort(request_id)
         self.engine.step()  # drains the abort outputs; nothing is left to run
@@ -271,12 +257,27 @@ class AsyncLLMEngine:
             )
 
 
-def _chain(source: Future, target: Future):
-    def copy(done: Future):
+def _run_call(call: Call) -> None:
+    """Run a LoRA control on the step thread and answer its caller's future; a control that
+    returns a future (load_lora) answers once that one resolves, at a later step."""
+    fn, args, future = call
+    try:
+        result = fn(*args)
+    except Exception as e:
+        future.set_exception(e)
+        return
+    if isinstance(result, Future):
+        _chain(result, future)
+    else:
+        future.set_result(result)
+
+
+def _chain(source: Future[Any], target: Future[Any]) -> None:
+    def copy(done: Future[Any]) -> None:
         if done.cancelled():
             target.cancel()
-        elif done.exception() is not None:
-            target.set_exception(done.exception())
+        elif (error := done.exception()) is not None:
+            target.set_exception(error)
         else:
             target.set_result(done.result())
 

@@ -30,7 +30,7 @@ class BlockManager:
     def can_allocate(self, seq: Sequence) -> bool:
         return self.blocks_needed(len(seq)) <= len(self.free_blocks)
 
-    def allocate(self, seq: Sequence):
+    def allocate(self, seq: Sequence) -> None:
         """Give a waiting sequence blocks for every token it has (it is about to be prefilled)."""
         assert not seq.block_table, f"{seq} already holds blocks"
         need = self.blocks_needed(len(seq))
@@ -41,10 +41,10 @@ class BlockManager:
         """Whether the sequence's newest token (fed in the next decode step) has a slot."""
         return self.blocks_needed(len(seq)) <= len(seq.block_table) or bool(self.free_blocks)
 
-    def append_slot(self, seq: Sequence):
+    def append_slot(self, seq: Sequence) -> None:
         if self.blocks_needed(len(seq)) > len(seq.block_table):
             seq.block_table.append(self.free_blocks.popleft())
 
-    def free(self, seq: Sequence):
+    def free(self, seq: Sequence) -> None:
         self.free_blocks.extend(seq.block_table)
         seq.block_table = []

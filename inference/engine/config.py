@@ -3,6 +3,7 @@
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -27,7 +28,7 @@ class ModelConfig:
     head_dim: int
     rms_norm_eps: float
     rope_theta: float
-    rope_scaling: dict | None
+    rope_scaling: dict[str, Any] | None
     max_position_embeddings: int
     tie_word_embeddings: bool
     attention_bias: bool
@@ -53,7 +54,7 @@ class ModelConfig:
         return cls.from_dict(raw, source=str(path))
 
     @classmethod
-    def from_dict(cls, raw: dict, source: str = "config.json") -> "ModelConfig":
+    def from_dict(cls, raw: dict[str, Any], source: str = "config.json") -> "ModelConfig":
         archs = raw.get("architectures") or []
         arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
         if arch is None:
@@ -62,7 +63,7 @@ class ModelConfig:
                 f"the engine serves {', '.join(SUPPORTED_ARCHITECTURES)}"
             )
 
-        def need(key):
+        def need(key: str) -> Any:
             if raw.get(key) is None:
                 raise ModelLoadError(f"{source}: required key {key!r} is missing")
             return raw[key]
@@ -101,7 +102,7 @@ class ModelConfig:
         )
 
 
-def _rope(raw: dict, source: str) -> tuple[float, dict | None]:
+def _rope(raw: dict[str, Any], source: str) -> tuple[float, dict[str, Any] | None]:
     """Rope theta and scaling from either layout: transformers 5 writes `rope_parameters`,
     older configs a top-level `rope_theta` plus `rope_scaling`."""
     params = dict(raw.get("rope_parameters") or {})
@@ -149,7 +150,7 @@ class EngineConfig:
     max_lora_rank: int = 16
     model_config: ModelConfig = field(init=False, repr=False)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self.model = Path(self.model)
         self.model_config = ModelConfig.from_folder(self.model)
         mc = self.model_config
@@ -200,7 +201,7 @@ class EngineConfig:
             raise ConfigError("gpu_memory_utilization must be in (0, 1]")
         self._check_lora()
 
-    def _check_lora(self):
+    def _check_lora(self) -> None:
         if self.max_cpu_loras is None:
             self.max_cpu_loras = max(4 * self.max_loras, 16)
         for name in ("max_loras", "max_cpu_loras", "max_lora_rank"):

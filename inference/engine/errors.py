@@ -37,3 +37,7 @@ class DuplicateRequestError(InvalidRequestError):
 class AdapterLoadError(EngineError):
     """A LoRA adapter could not be loaded (missing, refused by the PEFT rules, or the loader
     failed). Only the requests for that adapter fail; the message names the failed checks."""
+
+
+class EngineStoppedError(EngineError):
+    """The engine was shut down; no new requests are taken."""

@@ -42,10 +42,12 @@ def kv_cache_budget(config: EngineConfig, device: torch.device, lora_bytes: int 
     return budget
 
 
-def allocate_kv_cache(model: torch.nn.Module, config: EngineConfig, num_blocks: int, device):
+def allocate_kv_cache(
+    model: torch.nn.Module, config: EngineConfig, num_blocks: int, device: torch.device
+) -> torch.Tensor:
     """One key and one value tensor per layer, each [num_blocks, block_size, kv_heads, head_dim],
     carved from a single allocation and handed to the layers' Attention modules."""
-    from .attention import Attention
+    from .model.attention import Attention
 
     mc = config.model_config
     layers = [m for m in model.modules() if isinstance(m, Attention)]

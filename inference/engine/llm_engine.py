@@ -11,6 +11,8 @@ import time
 from collections.abc import Callable
 from collections.abc import Sequence as SequenceOf
 from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -22,12 +24,13 @@ from .errors import (
     ModelLoadError,
     PromptTooLongError,
 )
-from .lora import LoRARequest
-from .lora_manager import LoRAManager
+from .lora.loader import AdapterLoader, FetchAdapter
+from .lora.manager import LoRAManager
+from .lora.peft_rules import fingerprint_from_config
 from .metrics import EngineMetrics
 from .model_runner import ModelRunner
 from .outputs import CompletionOutput, RequestOutput, abort_output, append_token
-from .peft_rules import fingerprint_from_config
+from .request import EngineRequest, LoRARequest
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
 from .sequence import Sequence, SequenceStatus
@@ -41,8 +44,8 @@ class LLMEngine:
         self,
         config: EngineConfig | None = None,
         *,
-        lora_loader: Callable[[LoRARequest], str] | None = None,
-        **kwargs,
+        lora_loader: FetchAdapter | None = None,
+        **kwargs: Any,
     ):
         """`lora_loader(lora_request) -> local folder` fetches an adapter that is not on local
         disk (path None or missing); it runs on a loader thread, never the step thread. It
@@ -59,22 +62,23 @@ class LLMEngine:
         self.model_runner = ModelRunner(self.config)
         self.block_manager = BlockManager(self.model_runner.num_blocks, self.config.block_size)
         self.metrics = EngineMetrics()
-        self.lora_manager = None
-        if self.config.enable_lora:
-            raw = json.loads((self.config.model / "config.json").read_text())
+        self.lora_manager: LoRAManager | None = None
+        if self.model_runner.lora_slots is not None:
+            raw = json.loads((Path(self.config.model) / "config.json").read_text())
+            loader = AdapterLoader(
+                self.model_runner.lora_slots, fingerprint_from_config(raw), lora_loader
+            )
+            assert self.config.max_cpu_loras is not None  # resolved by EngineConfig
             self.lora_manager = LoRAManager(
-                self.model_runner.lora_slots,
-                fingerprint_from_config(raw),
-                max_cpu_loras=self.config.max_cpu_loras,
-                metrics=self.metrics,
-                loader=lora_loader,
+                loader, max_cpu_loras=self.config.max_cpu_loras, metrics=self.metrics
             )
         self.scheduler = Scheduler(self.config, self.block_manager, self.lora_manager)
+        self.max_model_len = self.model_runner.max_model_len
         mc = self.config.model_config
         self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids) | frozenset(mc.eos_token_ids)
         # A sequence can only grow as long as the whole cache, even alone.
         self.max_seq_len = min(
-            self.config.max_model_len, self.block_manager.num_blocks * self.config.block_size
+            self.max_model_len, self.block_manager.num_blocks * self.config.block_size
         )
         self.requests: dict[str, Sequence] = {}
         self._aborted: list[RequestOutput] = []
@@ -82,51 +86,30 @@ class LLMEngine:
 
     # -- requests -------------------------------------------------------------------------
 
-    def add_request(
-        self,
-        request_id: str,
-        prompt: str | None = None,
-        sampling_params: SamplingParams | None = None,
-        *,
-        prompt_token_ids: list[int] | None = None,
-        lora_request: LoRARequest | None = None,
-        fairness_key: str | None = None,
-        arrival_time: float | None = None,
-    ):
-        seq = self.make_sequence(
-            request_id,
-            prompt,
-            sampling_params,
-            prompt_token_ids=prompt_token_ids,
-            lora_request=lora_request,
-            fairness_key=fairness_key,
-            arrival_time=arrival_time,
-        )
-        self.add_sequence(seq)
+    def add_request(self, request: EngineRequest) -> None:
+        """Validate a request (a bad one raises an EngineError here) and queue it."""
+        self.add_sequence(self.make_sequence(request))
 
-    def make_sequence(
-        self,
-        request_id: str,
-        prompt: str | None = None,
-        sampling_params: SamplingParams | None = None,
-        *,
-        prompt_token_ids: list[int] | None = None,
-        lora_request: LoRARequest | None = None,
-        fairness_key: str | None = None,
-        arrival_time: float | None = None,
-    ) -> Sequence:
+    def make_sequence(self, request: EngineRequest) -> Sequence:
         """Validate and tokenize a request without touching the engine's state."""
+        if not isinstance(request, EngineRequest):
+            raise InvalidRequestError(
+                f"a request must be an EngineRequest, got {type(request).__name__}"
+            )
+        request_id, fairness_key = request.request_id, request.fairness_key
         if not isinstance(request_id, str) or not request_id:
             raise InvalidRequestError(f"request_id must be a non-empty string, got {request_id!r}")
-        self._check_lora_request(lora_request)
+        self.check_lora_request(request.lora_request)
         if fairness_key is not None and not isinstance(fairness_key, str):
             raise InvalidRequestError(
                 f"fairness_key must be a string or None, got {type(fairness_key).__name__}"
             )
-        params = sampling_params if sampling_params is not None else SamplingParams()
-        if not isinstance(params, SamplingParams):
+        params = request.sampling_params
+        if params is None:
+            params = SamplingParams()
+        elif not isinstance(params, SamplingParams):
             raise InvalidRequestError("sampling_params must be a SamplingParams")
-        token_ids = self._prompt_tokens(prompt, prompt_token_ids)
+        token_ids = self._prompt_tokens(request.prompt, request.prompt_token_ids)
         self._check_length(len(token_ids))
         seed = params.seed if params.seed is not None else self._seeds.getrandbits(63)
         generator = torch.Generator(device=self.model_runner.device)
@@ -137,12 +120,13 @@ class LLMEngine:
             params,
             generator=generator,
             detokenizer=self.tokenizer.detokenizer(),
-            lora_request=lora_request,
+            lora_request=request.lora_request,
             fairness_key=fairness_key,
-            arrival_time=arrival_time,
+            arrival_time=request.arrival_time,
         )
 
-    def _check_lora_request(self, lora_request):
+    def check_lora_request(self, lora_request: object) -> None:
+        """Refuse what is not a LoRARequest, or any adapter on a base-only engine."""
         if lora_request is None:
             return
         if not isinstance(lora_request, LoRARequest):
@@ -155,7 +139,7 @@ class LLMEngine:
                 f"model only; start it with enable_lora=True"
             )
 
-    def add_sequence(self, seq: Sequence):
+    def add_sequence(self, seq: Sequence) -> None:
         if seq.request_id in self.requests:
             raise DuplicateRequestError(
                 f"request id {seq.request_id!r} is already in use; give each request a unique id"
@@ -163,10 +147,12 @@ class LLMEngine:
         self.requests[seq.request_id] = seq
         self.scheduler.add(seq)
 
-    def _prompt_tokens(self, prompt, prompt_token_ids) -> list[int]:
+    def _prompt_tokens(
+        self, prompt: str | None, prompt_token_ids: SequenceOf[int] | None
+    ) -> list[int]:
         if (prompt is None) == (prompt_token_ids is None):
             raise InvalidRequestError("give exactly one of prompt (text) and prompt_token_ids")
-        if prompt is not None:
+        if prompt_token_ids is None:
             if not isinstance(prompt, str):
                 raise InvalidRequestError(f"prompt must be a string, got {type(prompt).__name__}")
             token_ids = self.tokenizer.encode(prompt) if prompt else []
@@ -182,8 +168,8 @@ class LLMEngine:
             raise InvalidRequestError("the prompt is empty; send at least one token")
         return token_ids
 
-    def _check_length(self, n: int):
-        limit = self.config.max_model_len
+    def _check_length(self, n: int) -> None:
+        limit = self.max_model_len
         if n + 1 > limit:
             raise PromptTooLongError(
                 f"the prompt has {n} tokens but the model's context (max_model_len) is {limit}, "
@@ -250,28 +236,29 @@ class LLMEngine:
         self.metrics.preemptions = self.scheduler.num_preemptions
         return outputs
 
-    def _fail_adapter(self, adapter_id: str, error: Exception):
+    def _fail_adapter(self, adapter_id: str, error: Exception) -> None:
         """An adapter failed to load: fail the requests waiting for it, and only those."""
         for seq in list(self.requests.values()):
             lora = seq.lora_request
             if lora is not None and lora.adapter_id == adapter_id and seq.status is WAITING:
                 self.abort(seq.request_id, error)
 
-    def _record_token(self, seq: Sequence, now: float):
+    def _record_token(self, seq: Sequence, now: float) -> None:
         m = self.metrics
         m.generation_tokens += 1
         if seq.first_token_time is None:
             seq.first_token_time = now
             m.time_to_first_token.observe(now - seq.arrival_time)
-        else:
+        elif seq.last_token_time is not None:
             m.inter_token_latency.observe(now - seq.last_token_time)
         seq.last_token_time = now
 
-    def _record_finish(self, seq: Sequence, now: float):
+    def _record_finish(self, seq: Sequence, now: float) -> None:
+        assert seq.finish_reason is not None
         self.metrics.finished[seq.finish_reason] += 1
         self.metrics.e2e_latency.observe(now - seq.arrival_time)
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, Any]:
         """Gauges of the moment plus the cumulative metrics."""
         stats = {
             "requests_running": len(self.scheduler.running),
@@ -286,11 +273,11 @@ class LLMEngine:
 
     # -- LoRA adapters ------------------------------------------------------------------------
 
-    def load_lora(self, lora_request: LoRARequest, pin: bool = False) -> Future:
+    def load_lora(self, lora_request: LoRARequest, pin: bool = False) -> Future[None]:
         """Load an adapter into host memory ahead of its requests (with `pin`, also keep it
         in a device slot). The future resolves once it is there (steps resolve it), or
         raises AdapterLoadError."""
-        self._check_lora_request(lora_request)
+        self.check_lora_request(lora_request)
         if lora_request is None:
             raise InvalidRequestError("load_lora needs a LoRARequest")
         return self._lora().load(lora_request, pin=pin)
@@ -300,11 +287,11 @@ class LLMEngine:
         it. Refused (InvalidRequestError) while requests use it."""
         return self._lora().unload(adapter_id)
 
-    def pin_lora(self, adapter_id: str, pinned: bool = True):
+    def pin_lora(self, adapter_id: str, pinned: bool = True) -> None:
         """Keep a known adapter resident in a device slot (never evicted) until unpinned."""
         self._lora().pin(adapter_id, pinned)
 
-    def list_loras(self) -> list[dict]:
+    def list_loras(self) -> list[dict[str, Any]]:
         """Every adapter the engine knows: name, adapter_id, path, tier (device, host or
         disk), slot, pinned, loading, rank, running and waiting request counts."""
         return self._lora().list_loras()
@@ -314,7 +301,13 @@ class LLMEngine:
         the engine themselves and have nothing to run while adapters load."""
         return self.lora_manager is not None and self.lora_manager.wait_for_load(timeout)
 
-    def close(self):
+    def on_load_finished(self, callback: Callable[[], None]) -> None:
+        """Call `callback` (from a loader thread) whenever an adapter load ends, so a step
+        loop asleep while requests wait for adapters can wake up."""
+        if self.lora_manager is not None:
+            self.lora_manager.loader.wakeup = callback
+
+    def close(self) -> None:
         """Stop the adapter loader threads."""
         if self.lora_manager is not None:
             self.lora_manager.shutdown()
@@ -328,7 +321,7 @@ class LLMEngine:
 
     def generate(
         self,
-        prompts: SequenceOf[str] | SequenceOf[list[int]],
+        prompts: SequenceOf[str | list[int]],
         sampling_params: SamplingParams | list[SamplingParams] | None = None,
         lora_request: LoRARequest | list[LoRARequest | None] | None = None,
     ) -> list[CompletionOutput]:
@@ -337,12 +330,14 @@ class LLMEngine:
         loaded ends with finish_reason "abort" and the error in `error`."""
         if self.requests:
             raise RuntimeError("generate() steps the whole engine; call it only when idle")
-        params = (
-            sampling_params
+        params: list[SamplingParams | None] = (
+            list(sampling_params)
             if isinstance(sampling_params, list)
             else [sampling_params] * len(prompts)
         )
-        loras = lora_request if isinstance(lora_request, list) else [lora_request] * len(prompts)
+        loras: list[LoRARequest | None] = (
+            list(lora_request) if isinstance(lora_request, list) else [lora_request] * len(prompts)
+        )
         if len(params) != len(prompts) or len(loras) != len(prompts):
             raise InvalidRequestError(
                 f"{len(prompts)} prompts but {len(params)} sampling params and "
@@ -350,11 +345,13 @@ class LLMEngine:
             )
         seqs = [
             self.make_sequence(
-                f"generate-{id(params)}-{i}",
-                p if isinstance(p, str) else None,
-                sp,
-                prompt_token_ids=None if isinstance(p, str) else p,
-                lora_request=lora,
+                EngineRequest(
+                    f"generate-{id(params)}-{i}",
+                    p if isinstance(p, str) else None,
+                    sp,
+                    prompt_token_ids=None if isinstance(p, str) else list(p),
+                    lora_request=lora,
+                )
             )
             for i, (p, sp, lora) in enumerate(zip(prompts, params, loras, strict=True))
         ]  # all validated before any is queued, so a bad prompt leaves nothing behind

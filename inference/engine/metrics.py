@@ -6,6 +6,7 @@ numbers may be a step apart from each other but are each consistent.
 
 import bisect
 from dataclasses import dataclass, field
+from typing import Any
 
 # Seconds. Wide enough for a CPU serving a 135M model and a GPU serving an 8B one.
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
@@ -23,12 +24,12 @@ class Histogram:
         self.sum = 0.0
         self.count = 0
 
-    def observe(self, value: float):
+    def observe(self, value: float) -> None:
         self.counts[bisect.bisect_left(self.buckets, value)] += 1
         self.sum += value
         self.count += 1
 
-    def snapshot(self) -> dict:
+    def snapshot(self) -> dict[str, Any]:
         cumulative, total = [], 0
         for bound, n in zip((*self.buckets, float("inf")), self.counts, strict=True):
             total += n
@@ -58,7 +59,7 @@ class EngineMetrics:
     lora_swap_in: Histogram = field(default_factory=lambda: Histogram(SWAP_BUCKETS))
     lora_load: Histogram = field(default_factory=Histogram)  # disk (or loader) to host memory
 
-    def snapshot(self) -> dict:
+    def snapshot(self) -> dict[str, Any]:
         return {
             "prompt_tokens": self.prompt_tokens,
             "generation_tokens": self.generation_tokens,
@@ -72,7 +73,7 @@ class EngineMetrics:
             "lora_load": self.lora_load.snapshot(),
         }
 
-    def lora_counters(self) -> dict:
+    def lora_counters(self) -> dict[str, Any]:
         return {
             "lookups": dict(self.lora_lookups),
             "hits": dict(self.lora_hits),

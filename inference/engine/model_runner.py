@@ -1,27 +1,35 @@
 """Turns a scheduled batch into tensors, runs the model, and samples one token per sequence."""
 
+from collections.abc import Iterator
+from collections.abc import Sequence as SequenceOf
 from contextlib import contextmanager
 
 import torch
 
 from .config import EngineConfig
-from .context import ForwardContext, forward_context
 from .kv_cache import allocate_kv_cache, kv_cache_budget
-from .loader import load_weights
-from .lora import LoRASlots
-from .model import LlamaForCausalLM
+from .lora.slots import LoRASlots, LoRAStep
+from .model.context import ForwardContext, forward_context
+from .model.llama import LlamaForCausalLM
+from .model.loader import load_weights
 from .sampler import Sampler, SamplerOutput
 from .sequence import Sequence
+
+# (token ids, positions, context, rows of the tokens to sample or None for all) of a batch
+Prepared = tuple[torch.Tensor, torch.Tensor, ForwardContext, torch.Tensor | None]
 
 
 class ModelRunner:
     def __init__(self, config: EngineConfig):
+        assert config.max_model_len is not None and config.max_num_batched_tokens is not None
         self.config = config
+        self.max_model_len = config.max_model_len  # resolved by EngineConfig
+        self.max_num_batched_tokens = config.max_num_batched_tokens
         self.block_size = config.block_size
         self.device = torch.device(config.device)
         mc = config.model_config
         with torch.device(self.device), _default_dtype(config.torch_dtype):
-            self.model = LlamaForCausalLM(mc, max_positions=config.max_model_len).eval()
+            self.model = LlamaForCausalLM(mc, max_positions=self.max_model_len).eval()
         load_weights(self.model, config.model)
         # LoRA slots come before the KV cache: allocated once, their bytes leave the KV budget.
         self.lora_slots = (
@@ -29,7 +37,7 @@ class ModelRunner:
                 self.model,
                 config.max_loras,
                 config.max_lora_rank,
-                max(config.max_num_batched_tokens, config.max_num_seqs),
+                max(self.max_num_batched_tokens, config.max_num_seqs),
             )
             if config.enable_lora
             else None
@@ -60,15 +68,19 @@ class ModelRunner:
         prepare = self._prepare_prefill if is_prefill else self._prepare_decode
         input_ids, positions, ctx, last = prepare(seqs)
         with forward_context(ctx):
-            hidden = self.model(input_ids, positions)
+            hidden: torch.Tensor = self.model(input_ids, positions)
         if last is not None:
             hidden = hidden[last]
         return self.model.compute_logits(hidden).float()
 
-    def _prepare_prefill(self, seqs: list[Sequence]):
+    def _prepare_prefill(self, seqs: list[Sequence]) -> Prepared:
         """Every token of each sequence (a preempted one is recomputed from its start)."""
         self._last_decode = []  # the next decode batch is new
-        input_ids, positions, slots, cu_seqlens, lora_slots = [], [], [], [0], []
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        cu_seqlens = [0]
+        lora_slots: list[int] = []
         for seq in seqs:
             n = len(seq)
             input_ids.extend(seq.token_ids)
@@ -85,7 +97,7 @@ class ModelRunner:
         last = self._tensor([end - 1 for end in cu_seqlens[1:]])
         return self._tensor(input_ids), self._tensor(positions), ctx, last
 
-    def _prepare_decode(self, seqs: list[Sequence]):
+    def _prepare_decode(self, seqs: list[Sequence]) -> Prepared:
         """The newest token of each sequence, attending over all the sequence's blocks. The
         batch runs longest first, so sequences of similar length can attend as one group
         without reading the padding of much longer ones; `last` restores the caller's order."""
@@ -140,7 +152,7 @@ class ModelRunner:
             return None, True
         return self._buffer_len, True
 
-    def _lora_step(self, token_slots: list[int]):
+    def _lora_step(self, token_slots: list[int]) -> LoRAStep | None:
         return self.lora_slots.make_step(token_slots) if self.lora_slots is not None else None
 
     def _slot(self, seq: Sequence, position: int) -> int:
@@ -149,17 +161,16 @@ class ModelRunner:
             + position % self.block_size
         )
 
-    def _tensor(self, values) -> torch.Tensor:
+    def _tensor(self, values: SequenceOf[int] | SequenceOf[SequenceOf[int]]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=self.device)
 
     @torch.inference_mode()
-    def _warm_up(self):
+    def _warm_up(self) -> None:
         """One full-size prefill without a cache, so the KV budget can leave room for the
         activations of the largest step."""
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(self.device)
-        n = self.config.max_num_batched_tokens
-        seq_len = self.config.max_model_len
+        n, seq_len = self.max_num_batched_tokens, self.max_model_len
         cu = list(range(0, n, seq_len)) + [n]
         positions = torch.cat([torch.arange(e - s) for s, e in zip(cu[:-1], cu[1:], strict=True)])
         # every token on slot 0, so the LoRA scratch of the largest step is measured too
@@ -178,16 +189,16 @@ class ModelRunner:
 def _length_groups(lengths: list[int], max_groups: int = 4) -> list[tuple[int, int, int]]:
     """Split rows sorted by length (longest first) into (start, end, width) groups, starting
     a new group where a sequence is under 3/4 of its group's longest."""
-    groups = [[0, 0, lengths[0]]]
+    groups = [(0, lengths[0])]  # (start, width)
     for row, n in enumerate(lengths):
-        if n * 4 < groups[-1][2] * 3 and len(groups) < max_groups:
-            groups.append([row, row, n])
-        groups[-1][1] = row + 1
-    return [tuple(g) for g in groups]
+        if n * 4 < groups[-1][1] * 3 and len(groups) < max_groups:
+            groups.append((row, n))
+    ends = [start for start, _ in groups[1:]] + [len(lengths)]
+    return [(start, end, width) for (start, width), end in zip(groups, ends, strict=True)]
 
 
 @contextmanager
-def _default_dtype(dtype: torch.dtype):
+def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
     """Create parameters directly in the serving dtype (no float32 copy on the way)."""
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)

@@ -85,7 +85,7 @@ def append_token(
     )
 
 
-def _truncate_at_stop_string(seq: Sequence, seen: int):
+def _truncate_at_stop_string(seq: Sequence, seen: int) -> None:
     """Cut the text at the earliest stop string that ends in the newly added text."""
     longest = max(len(s) for s in seq.params.stop)
     start = max(0, seen - longest + 1)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from .outputs import TokenLogprob
+from .sampling_params import SamplingParams
 from .sequence import Sequence
 
 
@@ -32,7 +33,7 @@ class Sampler:
         return SamplerOutput(token_ids, self._logprobs(logits, token_ids, seqs))
 
     @staticmethod
-    def _probs(logits: torch.Tensor, params) -> torch.Tensor:
+    def _probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
         """Softmax at each row's temperature, after its top-k and top-p cuts."""
         temperature = logits.new_tensor([p.temperature for p in params])
         logits = logits / temperature[:, None]
@@ -56,25 +57,25 @@ class Sampler:
         return logits.softmax(dim=-1)
 
     @staticmethod
-    def _logprobs(logits, token_ids: list[int], seqs: list[Sequence]) -> list[TokenLogprob | None]:
+    def _logprobs(
+        logits: torch.Tensor, token_ids: list[int], seqs: list[Sequence]
+    ) -> list[TokenLogprob | None]:
         """Log-softmax of the raw logits (before temperature or cuts), as the model sees it."""
         out: list[TokenLogprob | None] = [None] * len(seqs)
-        rows = [i for i, seq in enumerate(seqs) if seq.params.logprobs is not None]
-        if not rows:
+        wanted = {i: n for i, seq in enumerate(seqs) if (n := seq.params.logprobs) is not None}
+        if not wanted:
             return out
+        rows = list(wanted)
         logprobs = logits[rows].log_softmax(dim=-1)
-        width = max(seqs[i].params.logprobs for i in rows)
-        top_values, top_ids = logprobs.topk(width, dim=-1) if width else (None, None)
+        width = max(wanted.values())
+        top = logprobs.topk(width, dim=-1) if width else None
         chosen = logprobs.gather(
             1, logits.new_tensor([token_ids[i] for i in rows], dtype=torch.long)[:, None]
-        )
-        chosen = chosen[:, 0].tolist()
-        for row, i in enumerate(rows):
-            n = seqs[i].params.logprobs
-            top = []
-            if n:
-                top = list(
-                    zip(top_ids[row, :n].tolist(), top_values[row, :n].tolist(), strict=True)
-                )
-            out[i] = TokenLogprob(token_ids[i], chosen[row], top)
+        )[:, 0].tolist()
+        for row, (i, n) in enumerate(wanted.items()):
+            best = [] if top is None else top.indices[row, :n].tolist()
+            best_values = [] if top is None else top.values[row, :n].tolist()
+            out[i] = TokenLogprob(
+                token_ids[i], chosen[row], list(zip(best, best_values, strict=True))
+            )
         return out

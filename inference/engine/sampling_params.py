@@ -19,7 +19,7 @@ class SamplingParams:
     ignore_eos: bool = False  # keep going past the model's end-of-sequence tokens
     logprobs: int | None = None  # None: no logprobs; N: the chosen token plus the top N
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = list(self.stop)
@@ -62,10 +62,10 @@ class SamplingParams:
         return self.temperature == 0 or self.top_k == 1
 
 
-def _is_int(value) -> bool:
+def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _check(ok: bool, message: str):
+def _check(ok: bool, message: str) -> None:
     if not ok:
         raise SamplingParamsError(message)

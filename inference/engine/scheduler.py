@@ -17,20 +17,27 @@ from collections import deque
 
 from .block_manager import BlockManager
 from .config import EngineConfig
+from .lora.manager import LoRAManager
 from .sequence import Sequence, SequenceStatus
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, block_manager: BlockManager, lora_manager=None):
+    def __init__(
+        self,
+        config: EngineConfig,
+        block_manager: BlockManager,
+        lora_manager: LoRAManager | None = None,
+    ):
+        assert config.max_num_batched_tokens is not None  # resolved by EngineConfig
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.block_manager = block_manager
-        self.lora = lora_manager  # a LoRAManager, or None when LoRA is off
+        self.lora = lora_manager  # None when LoRA is off
         self.waiting: deque[Sequence] = deque()
         self.running: deque[Sequence] = deque()
         self.num_preemptions = 0
 
-    def add(self, seq: Sequence):
+    def add(self, seq: Sequence) -> None:
         if self.lora is not None:
             self.lora.add_request(seq)
         self.waiting.append(seq)
@@ -113,14 +120,14 @@ class Scheduler:
         self.running.extend(batch)
         return batch
 
-    def _preempt(self, seq: Sequence):
+    def _preempt(self, seq: Sequence) -> None:
         self.block_manager.free(seq)
         self._set_status(seq, SequenceStatus.WAITING)
         seq.num_preemptions += 1
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
 
-    def finish(self, seq: Sequence):
+    def finish(self, seq: Sequence) -> None:
         """Release a sequence that stopped or was aborted, wherever it is."""
         if seq.status is SequenceStatus.RUNNING:
             self.running.remove(seq)
@@ -129,7 +136,7 @@ class Scheduler:
         self.block_manager.free(seq)
         self._set_status(seq, SequenceStatus.FINISHED)
 
-    def _set_status(self, seq: Sequence, status: SequenceStatus):
+    def _set_status(self, seq: Sequence, status: SequenceStatus) -> None:
         """Every status change passes here, so the LoRA manager's counts of waiting and
         running requests per adapter (what it may evict) can never drift."""
         old, seq.status = seq.status, status

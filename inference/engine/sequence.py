@@ -2,10 +2,15 @@
 
 import time
 from enum import Enum, auto
+from typing import TYPE_CHECKING
 
 import torch
 
+from .request import LoRARequest
 from .sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from .tokenizer import IncrementalDetokenizer
 
 
 class SequenceStatus(Enum):
@@ -25,8 +30,8 @@ class Sequence:
         params: SamplingParams,
         *,
         generator: torch.Generator,
-        detokenizer,
-        lora_request=None,
+        detokenizer: "IncrementalDetokenizer",
+        lora_request: LoRARequest | None = None,
         fairness_key: str | None = None,
         arrival_time: float | None = None,
     ):
@@ -34,7 +39,7 @@ class Sequence:
         self.token_ids = list(prompt_token_ids)
         self.num_prompt_tokens = len(self.token_ids)
         self.params = params
-        self.lora_request = lora_request  # a lora.LoRARequest; None is the base model
+        self.lora_request = lora_request  # None: the base model
         self.lora_slot = -1  # device slot of its adapter while running; -1: none
         self.fairness_key = fairness_key  # the scheduler takes turns between keys (tenants)
         self.generator = generator

@@ -9,15 +9,18 @@ so a prompt built here is the prompt the model was trained to see.
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Iterable
 from datetime import datetime
 from pathlib import Path
+from typing import Any, NoReturn
 
 import jinja2
 import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as _HFTokenizer
 
-from inference.engine.errors import EngineError
+from .errors import EngineError
 
 REPLACEMENT_CHAR = "\ufffd"
 
@@ -26,7 +29,7 @@ class TokenizerError(EngineError):
     """A tokenizer folder, token id, or chat conversation that cannot be used as given."""
 
 
-def _read_json(path: Path, required: bool) -> dict:
+def _read_json(path: Path, required: bool) -> dict[str, Any]:
     if not path.is_file():
         if required:
             raise TokenizerError(f"{path} is missing; a tokenizer folder needs it")
@@ -40,14 +43,14 @@ def _read_json(path: Path, required: bool) -> dict:
     return data
 
 
-def _token_text(value) -> str | None:
+def _token_text(value: object) -> str | None:
     # tokenizer_config writes special tokens either as a string or as an AddedToken dict.
     if isinstance(value, dict):
         value = value.get("content")
     return value if isinstance(value, str) else None
 
 
-def _ids(value) -> list[int]:
+def _ids(value: object) -> list[int]:
     if isinstance(value, int) and not isinstance(value, bool):
         return [value]
     if isinstance(value, list):
@@ -55,18 +58,24 @@ def _ids(value) -> list[int]:
     return []
 
 
-def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+def _tojson(
+    value: object,
+    ensure_ascii: bool = False,
+    indent: int | str | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
     # jinja2's own tojson HTML-escapes '<' and '&', which would change what the model sees.
     return json.dumps(
         value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
     )
 
 
-def _raise_exception(message):
+def _raise_exception(message: str) -> NoReturn:
     raise jinja2.TemplateError(message)
 
 
-def _strftime_now(fmt):
+def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
@@ -83,7 +92,7 @@ def compile_chat_template(source: str) -> jinja2.Template:
         raise TokenizerError(f"the chat template does not compile: {exc}") from exc
 
 
-def _chat_template_source(folder: Path, config: dict) -> str | None:
+def _chat_template_source(folder: Path, config: dict[str, Any]) -> str | None:
     # transformers 5 saves the template beside the config; older folders keep it inside.
     jinja_file = folder / "chat_template.jinja"
     if jinja_file.is_file():
@@ -116,7 +125,7 @@ class Tokenizer:
         self._template = None if chat_template is None else compile_chat_template(chat_template)
 
     @classmethod
-    def from_folder(cls, path) -> Tokenizer:
+    def from_folder(cls, path: str | os.PathLike[str]) -> Tokenizer:
         folder = Path(path)
         if not folder.is_dir():
             raise TokenizerError(f"tokenizer folder not found: {folder}")
@@ -143,9 +152,10 @@ class Tokenizer:
                 )
             special_tokens[key] = text
 
-        eos_ids = []
-        if "eos_token" in special_tokens:
-            eos_ids.append(backend.token_to_id(special_tokens["eos_token"]))
+        eos_ids: list[int] = []
+        eos = special_tokens.get("eos_token")
+        if eos is not None and (eos_id := backend.token_to_id(eos)) is not None:
+            eos_ids.append(eos_id)  # in the vocabulary: checked above
         for name in ("config.json", "generation_config.json"):
             eos_ids += _ids(_read_json(folder / name, required=False).get("eos_token_id"))
         vocab_size = backend.get_vocab_size(with_added_tokens=True)
@@ -171,7 +181,7 @@ class Tokenizer:
         self._check_ids(ids)
         return self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
-    def _check_ids(self, ids) -> None:
+    def _check_ids(self, ids: Iterable[object]) -> None:
         for token_id in ids:
             if isinstance(token_id, bool) or not isinstance(token_id, int):
                 raise TokenizerError(f"token ids must be ints, got {token_id!r}")
@@ -180,7 +190,9 @@ class Tokenizer:
                     f"token id {token_id} is outside the vocabulary ({self.vocab_size})"
                 )
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+    ) -> str:
         """The prompt text for a conversation, as the model's own chat template writes it."""
         if self._template is None:
             raise TokenizerError("this model has no chat template; send a plain prompt instead")

@@ -2,7 +2,7 @@
 
 Triton kernels on CUDA, the torch reference everywhere else. The Triton module is never
 imported here: on a CPU host it would fail at the first launch ("0 active drivers"), and
-importing it costs about a second, so the ops import it lazily when the backend is "triton".
+importing it is slow, so the ops import it lazily when the backend is "triton".
 """
 
 import functools

@@ -24,14 +24,13 @@ def _check_tensor(name: str, t: object, dim: int, batch: LoRABatch) -> torch.Ten
     return t
 
 
-def _check_stack(name: str, weights: object, batch: LoRABatch) -> list[torch.Tensor]:
+def _check_stack(name: str, stack: object, batch: LoRABatch) -> list[torch.Tensor]:
     """Stacked per-slot weights: a non-empty list of [S, d1, d2], one per output slice."""
-    if not isinstance(weights, list | tuple) or not weights:
+    if not isinstance(stack, list | tuple) or not stack:
         raise ValueError(
             f"{name} must be a non-empty list of stacked [S, ., .] tensors, one per slice"
         )
-    for i, w in enumerate(weights):
-        _check_tensor(f"{name}[{i}]", w, 3, batch)
+    weights = [_check_tensor(f"{name}[{i}]", w, 3, batch) for i, w in enumerate(stack)]
     first = weights[0]
     for i, w in enumerate(weights):
         if w.dtype != first.dtype:
@@ -46,11 +45,11 @@ def _check_stack(name: str, weights: object, batch: LoRABatch) -> list[torch.Ten
             f"token slot {batch.max_slot} is out of range: {name} holds {first.shape[0]} slots "
             f"(valid slots are 0..{first.shape[0] - 1}, or -1 for no adapter)"
         )
-    return list(weights)
+    return weights
 
 
-def _check_buffer(name: str, y: object, n_slices: int, rank: int, batch: LoRABatch) -> None:
-    _check_tensor(name, y, 3, batch)
+def _check_buffer(name: str, buffer: object, n_slices: int, rank: int, batch: LoRABatch) -> None:
+    y = _check_tensor(name, buffer, 3, batch)
     want = (n_slices, batch.num_tokens, rank)
     if tuple(y.shape) != want:
         raise ValueError(
@@ -63,9 +62,9 @@ def _check_buffer(name: str, y: object, n_slices: int, rank: int, batch: LoRABat
         )
 
 
-def _check_shrink_inputs(x, lora_a, batch: LoRABatch) -> list[torch.Tensor]:
-    _check_tensor("x", x, 2, batch)
-    lora_a = _check_stack("lora_a", lora_a, batch)
+def _check_shrink_inputs(inputs: object, stack: object, batch: LoRABatch) -> list[torch.Tensor]:
+    x = _check_tensor("x", inputs, 2, batch)
+    lora_a = _check_stack("lora_a", stack, batch)
     rank = lora_a[0].shape[1]
     if x.shape[0] != batch.num_tokens:
         raise ValueError(f"x has {x.shape[0]} tokens but the LoRA batch has {batch.num_tokens}")
@@ -81,13 +80,15 @@ def _check_shrink_inputs(x, lora_a, batch: LoRABatch) -> list[torch.Tensor]:
     return lora_a
 
 
-def _check_expand_inputs(lora_b, scales, batch: LoRABatch, out) -> list[torch.Tensor]:
-    lora_b = _check_stack("lora_b", lora_b, batch)
+def _check_expand_inputs(
+    stack: object, scale_values: object, batch: LoRABatch, output: object
+) -> list[torch.Tensor]:
+    lora_b = _check_stack("lora_b", stack, batch)
     num_slots, rank = lora_b[0].shape[0], lora_b[0].shape[2]
     for i, b in enumerate(lora_b):
         if b.shape[2] != rank:
             raise ValueError(f"lora_b[{i}] has rank {b.shape[2]} but lora_b[0] has rank {rank}")
-    _check_tensor("out", out, 2, batch)
+    out = _check_tensor("out", output, 2, batch)
     width = sum(b.shape[1] for b in lora_b)
     if tuple(out.shape) != (batch.num_tokens, width):
         raise ValueError(
@@ -96,36 +97,38 @@ def _check_expand_inputs(lora_b, scales, batch: LoRABatch, out) -> list[torch.Te
         )
     if lora_b[0].dtype != out.dtype:
         raise ValueError(f"lora_b has dtype {lora_b[0].dtype} but out has {out.dtype}; cast one")
-    _check_tensor("scales", scales, 1, batch)
+    scales = _check_tensor("scales", scale_values, 1, batch)
     if scales.shape[0] != num_slots:
         raise ValueError(f"scales has {scales.shape[0]} entries but lora_b holds {num_slots} slots")
     return lora_b
 
 
-def check_shrink(x, lora_a, batch: LoRABatch, out) -> None:
-    lora_a = _check_shrink_inputs(x, lora_a, batch)
-    _check_buffer("out", out, len(lora_a), lora_a[0].shape[1], batch)
+def check_shrink(x: object, lora_a: object, batch: LoRABatch, out: object) -> None:
+    a_stack = _check_shrink_inputs(x, lora_a, batch)
+    _check_buffer("out", out, len(a_stack), a_stack[0].shape[1], batch)
 
 
-def check_expand(y, lora_b, scales, batch: LoRABatch, out) -> None:
-    lora_b = _check_expand_inputs(lora_b, scales, batch, out)
-    _check_buffer("y", y, len(lora_b), lora_b[0].shape[2], batch)
+def check_expand(y: object, lora_b: object, scales: object, batch: LoRABatch, out: object) -> None:
+    b_stack = _check_expand_inputs(lora_b, scales, batch, out)
+    _check_buffer("y", y, len(b_stack), b_stack[0].shape[2], batch)
 
 
-def check_add_lora(out, x, lora_a, lora_b, scales, batch: LoRABatch) -> None:
+def check_add_lora(
+    out: object, x: object, lora_a: object, lora_b: object, scales: object, batch: LoRABatch
+) -> None:
     """Both halves, and the pair must agree: one A per B, same rank, same slots."""
-    lora_a = _check_shrink_inputs(x, lora_a, batch)
-    lora_b = _check_expand_inputs(lora_b, scales, batch, out)
-    if len(lora_a) != len(lora_b):
-        raise ValueError(f"got {len(lora_a)} lora_a slices but {len(lora_b)} lora_b slices")
-    a, b = lora_a[0], lora_b[0]
+    a_stack = _check_shrink_inputs(x, lora_a, batch)
+    b_stack = _check_expand_inputs(lora_b, scales, batch, out)
+    if len(a_stack) != len(b_stack):
+        raise ValueError(f"got {len(a_stack)} lora_a slices but {len(b_stack)} lora_b slices")
+    a, b = a_stack[0], b_stack[0]
     if a.shape[1] != b.shape[2]:
         raise ValueError(f"lora_a has rank {a.shape[1]} but lora_b has rank {b.shape[2]}")
     if a.shape[0] != b.shape[0]:
         raise ValueError(f"lora_a holds {a.shape[0]} slots but lora_b holds {b.shape[0]}")
 
 
-def check_scratch(buffer, n_slices: int, rank: int, batch: LoRABatch) -> None:
+def check_scratch(buffer: object, n_slices: int, rank: int, batch: LoRABatch) -> None:
     """add_lora's reusable y: fp32 (partial sums meet there), at least as big as this batch."""
     t = batch.num_tokens
     if (

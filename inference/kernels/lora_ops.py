@@ -1,4 +1,4 @@
-"""The multi-LoRA ops the engine calls: check the inputs once, then run the batch's backend.
+"""The multi-LoRA ops the engine calls: check the inputs, then run the batch's backend.
 
 For each target linear, per token t with adapter slot s (s = -1: no adapter):
     out[t] += scales[s] * (x[t] @ A[s]^T) @ B[s]^T
@@ -62,31 +62,23 @@ def add_lora(
     scales: torch.Tensor,
     batch: LoRABatch,
     buffer: torch.Tensor | None = None,
+    *,
+    check: bool = True,
 ) -> None:
     """Shrink then expand into `out`: the one call the engine makes per target linear.
 
     `buffer` is optional fp32 scratch of at least [n_slices, T, R]; the engine can allocate
     one for its largest batch and reuse it in every layer instead of allocating per call.
+
+    `check=False` skips the input checks, for a caller that checked its stacks once and
+    builds every batch itself: the engine makes this call for every target linear of every
+    step, where the checks would cost more than the LoRA work of a small batch on a CPU.
+    Wrong shapes then read or write the wrong memory instead of raising.
     """
-    check_add_lora(out, x, lora_a, lora_b, scales, batch)
-    if buffer is not None:
-        check_scratch(buffer, len(lora_a), lora_a[0].shape[1], batch)
-    add_lora_unchecked(out, x, lora_a, lora_b, scales, batch, buffer)
-
-
-def add_lora_unchecked(
-    out: torch.Tensor,
-    x: torch.Tensor,
-    lora_a: list[torch.Tensor],
-    lora_b: list[torch.Tensor],
-    scales: torch.Tensor,
-    batch: LoRABatch,
-    buffer: torch.Tensor | None = None,
-) -> None:
-    """`add_lora` without its input checks, for a caller that checked its stacks once and
-    builds every batch itself: the engine makes this call ~120 times per step, where the
-    checks alone would cost milliseconds on a CPU. Wrong shapes here read or write the
-    wrong memory instead of raising."""
+    if check:
+        check_add_lora(out, x, lora_a, lora_b, scales, batch)
+        if buffer is not None:
+            check_scratch(buffer, len(lora_a), lora_a[0].shape[1], batch)
     if not batch.num_segments:
         return
     n, rank, t = len(lora_a), lora_a[0].shape[1], batch.num_tokens
@@ -94,4 +86,9 @@ def add_lora_unchecked(
         y = torch.empty((n, t, rank), dtype=torch.float32, device=x.device)
     else:
         y = buffer[:n, :t]
-    _impl(batch).add_lora(out, x, lora_a, lora_b, scales, batch, y)
+    if batch.backend == "torch":  # may keep the products padded between the halves
+        lora_torch.add_lora(out, x, lora_a, lora_b, scales, batch, y)
+    else:
+        impl = _impl(batch)
+        impl.lora_shrink(x, lora_a, batch, y)
+        impl.lora_expand(y, lora_b, scales, batch, out, True)

@@ -5,27 +5,23 @@ once, as the Triton kernels do):
 - per segment: one matmul pair per active slot over its tokens; no wasted rows.
 - padded: every segment zero-padded to the longest, all slots in one bmm; a fixed number
   of ops, where a loop pays per-op overhead per adapter for a few tokens each.
-Measured on this 2-core CPU with SmolLM2 shapes (hidden 576, kv 192, ffn 1536, rank 16,
-1-256 tokens, 1-8 adapters): gathering each token's own A/B for a bmm lost everywhere from 8
-tokens up, 2-30x (it copies R*in weights per token), and one product against all slots' A
-stacked as [S*R, in] lost 1.2-3x to the loop (S times the work, B copied per call). The loop
-against padding, add_lora on one layer's qkv, gate_up and down: with 4-8 adapters sharing
-8-256 tokens evenly, padding was 1.1-2.4x faster (one case, 256 tokens over 4, 0.8x); with
-one adapter they are the same code. Padding wastes work when one long prefill shares the
-batch with short decodes, so it is used only while the padded rows stay within twice the
-real ones (or a small floor, PADDED_MIN_ROWS).
+Padding wins when several adapters share a batch evenly (with one adapter the two are the
+same code) and wastes work when one long prefill shares the batch with short decodes, so it
+is used only while the padded rows stay within twice the real ones (or a small floor,
+PADDED_MIN_ROWS). Two other layouts lost to both on a CPU and are gone: a bmm over each
+token's own gathered A/B (it copies R*in weights per token), and one product against all
+slots' A stacked as [S*R, in] (S times the work, B copied per call).
 
 `add_lora` runs both halves in one pass: with padding, the low-rank products stay in the
-padded layout between shrink and expand instead of going back to token order and out again;
-that round trip was a third of the engine's LoRA time per decode step.
+padded layout between shrink and expand instead of going back to token order and out again,
+a round trip that cost much of the engine's LoRA time per decode step.
 
 Padded groups are either the active segments, with their slots' weights gathered (copied)
 for the bmm, or every slot of the stack, read in place, inactive slots' rows left zero.
-Gathering copies the active adapters' weights each call: in the engine, 8 rank-16 adapters
-on SmolLM2 are 156 MB per decode step, read, written and read again, as much time as the
-base model's own matmuls. Reading the stacks in place reads each slot once, so it wins once
-a third of the slots are active (FULL_STACK_MIN_SHARE); it needs fp32 stacks (an upcast
-would copy them all).
+Gathering copies the active adapters' weights each call, read, written and read again: in
+the engine as much time as the base model's own matmuls. Reading the stacks in place reads
+each slot once, so it wins once a third of the slots are active (FULL_STACK_MIN_SHARE); it
+needs fp32 stacks (an upcast would copy them all).
 """
 
 import torch
@@ -62,12 +58,30 @@ def _padded_rows(batch: LoRABatch, full: bool) -> tuple[torch.Tensor | None, tor
     return batch.sorted_token_ids, batch.slot_rows if full else batch.padded_rows
 
 
+def _padded_layout(
+    batch: LoRABatch, weights: list[torch.Tensor]
+) -> tuple[bool, int, torch.Tensor | None, torch.Tensor]:
+    """(full stack?, number of groups, tokens, rows) of the padded layout (see _padded_rows)."""
+    full = _full_stack(batch, weights)
+    groups = weights[0].shape[0] if full else batch.num_segments
+    return full, groups, *_padded_rows(batch, full)
+
+
+def _pad_tokens(
+    x: torch.Tensor, rows: torch.Tensor | None, padded: torch.Tensor, groups: int, m: int
+) -> torch.Tensor:
+    """x's tokens with an adapter, padded: [groups, m, in] in fp32, zeros in the padding."""
+    xp = x.new_zeros((groups * m, x.shape[1]), dtype=torch.float32)
+    xp.index_copy_(0, padded, (x if rows is None else x.index_select(0, rows)).float())
+    return xp.view(groups, m, -1)
+
+
 def _write_rows(
     cols: torch.Tensor, rows: torch.Tensor | None, delta: torch.Tensor, add: bool
 ) -> None:
     """cols[rows] (+)= delta, with delta in fp32 and one rounding to cols' dtype. A gather,
-    an add and a row copy: index_add_ on a CPU tensor dispatches once per row (about 20 us
-    each), which cost the engine ~20 ms per decode step."""
+    an add and a row copy: index_add_ on a CPU tensor dispatches once per row, which made it
+    one of the costliest ops of a decode step."""
     if rows is None:
         if add and cols.dtype == torch.float32:
             cols.add_(delta)
@@ -85,12 +99,9 @@ def lora_shrink(
     """out[i, t] = x[t] @ lora_a[i][slot[t]]^T for tokens with an adapter; other rows untouched."""
     n, rank = len(lora_a), lora_a[0].shape[1]
     if _use_padding(batch):
-        full = _full_stack(batch, lora_a)
-        g = lora_a[0].shape[0] if full else batch.num_segments
-        m, (rows, padded) = batch.max_seg_len, _padded_rows(batch, full)
-        xp = x.new_zeros((g * m, x.shape[1]), dtype=torch.float32)
-        xp.index_copy_(0, padded, (x if rows is None else x.index_select(0, rows)).float())
-        xp = xp.view(g, m, -1)
+        full, g, rows, padded = _padded_layout(batch, lora_a)
+        m = batch.max_seg_len
+        xp = _pad_tokens(x, rows, padded, g, m)
         if full:  # one bmm per slice against the stack itself
             yp = torch.stack([torch.bmm(xp, w.transpose(1, 2)).view(g * m, rank) for w in lora_a])
             ys = yp.index_select(1, padded)
@@ -127,9 +138,8 @@ def lora_expand(
     """out[t, cols_i] (+)= scales[slot] * y[i, t] @ lora_b[i][slot]^T; rows without an adapter untouched."""
     widths = [b.shape[1] for b in lora_b]
     if _use_padding(batch):
-        full = _full_stack(batch, lora_b)
-        g = lora_b[0].shape[0] if full else batch.num_segments
-        m, (rows, padded) = batch.max_seg_len, _padded_rows(batch, full)
+        full, g, rows, padded = _padded_layout(batch, lora_b)
+        m = batch.max_seg_len
         n, rank = y.shape[0], y.shape[2]
         yp = y.new_zeros((n, g * m, rank), dtype=torch.float32)
         yp.index_copy_(1, padded, (y if rows is None else y.index_select(1, rows)).float())
@@ -168,12 +178,9 @@ def add_lora(
         lora_shrink(x, lora_a, batch, y)
         lora_expand(y, lora_b, scales, batch, out, True)
         return
-    full = _full_stack(batch, lora_a)
-    g = lora_a[0].shape[0] if full else batch.num_segments
-    m, (rows, padded) = batch.max_seg_len, _padded_rows(batch, full)
-    xp = x.new_zeros((g * m, x.shape[1]), dtype=torch.float32)
-    xp.index_copy_(0, padded, (x if rows is None else x.index_select(0, rows)).float())
-    xp = xp.view(g, m, -1)
+    full, g, rows, padded = _padded_layout(batch, lora_a)
+    m = batch.max_seg_len
+    xp = _pad_tokens(x, rows, padded, g, m)
     group_scales = scales.float() if full else scales.index_select(0, batch.seg_slots).float()
     group_scales = group_scales.view(g, 1, 1)
     deltas = []

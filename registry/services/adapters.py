@@ -5,36 +5,43 @@ from __future__ import annotations
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
+from audit.services import Subject, audit_record, snapshot
+
 from .. import objectstore, staging
-from ..audit import audit_record
-from ..errors import Conflict, RegistryError
+from ..errors import (
+    AdapterExists,
+    AdapterInUse,
+    InvalidName,
+    NameTaken,
+    NoBaseModel,
+    UnknownBaseModel,
+)
 from ..models import Adapter, BaseModel
 from ..names import adapter_name_validator
 
 
+def _audit(adapter: Adapter, verb: str, *, actor: str, before=None, after=None) -> None:
+    subject = Subject(tenant=adapter.tenant, type="adapter", name=adapter.name)
+    audit_record(subject=subject, actor=actor, verb=verb, before=before, after=after)
+
+
 def _snapshot(adapter: Adapter) -> dict:
-    return {
-        "name": adapter.name,
-        "base_model": adapter.base_model.name,
-        "description": adapter.description,
-    }
+    return snapshot(adapter, "name", "description", base_model=adapter.base_model.name)
 
 
 def _base_model(name: str | None) -> BaseModel:
     if name is None:
         served = BaseModel.objects.filter(is_served=True).first()
         if served is None:
-            raise RegistryError(
+            raise NoBaseModel(
                 "no base model is served yet; an operator must run `manage.py import_base_model`",
-                code="no_base_model",
             )
         return served
     found = BaseModel.objects.filter(name=name).first()
     if found is None:
         known = ", ".join(BaseModel.objects.values_list("name", flat=True)) or "none"
-        raise RegistryError(
+        raise UnknownBaseModel(
             f"no base model named {name!r}; known: {known}",
-            code="unknown_base_model",
             param="base_model",
         )
     return found
@@ -48,29 +55,21 @@ def adapter_create(
     try:
         adapter_name_validator(name)
     except ValidationError as exc:
-        raise RegistryError(exc.messages[0], code="invalid_name", param="name") from None
+        raise InvalidName(exc.messages[0], param="name") from None
     base_model = _base_model(base_model_name)
     if BaseModel.objects.filter(name=name).exists():
-        raise RegistryError(
+        raise NameTaken(
             f"'{name}' is a base model's name; an adapter may not shadow it in model strings",
-            code="name_taken",
             param="name",
         )
     if Adapter.objects.filter(tenant=tenant, name=name).exists():
-        raise Conflict(f"an adapter named '{name}' already exists", code="adapter_exists")
+        raise AdapterExists(f"an adapter named '{name}' already exists")
     adapter = Adapter(
         tenant=tenant, name=name, base_model=base_model, description=description, created_by=actor
     )
     adapter.full_clean()
     adapter.save()
-    audit_record(
-        tenant=tenant,
-        actor=actor,
-        verb="adapter.create",
-        object_type="adapter",
-        object_repr=name,
-        after=_snapshot(adapter),
-    )
+    _audit(adapter, "adapter.create", actor=actor, after=_snapshot(adapter))
     return adapter
 
 
@@ -81,15 +80,7 @@ def adapter_update(*, adapter: Adapter, actor: str, description: str) -> Adapter
     adapter.description = description
     adapter.full_clean()
     adapter.save(update_fields=["description", "updated_at"])
-    audit_record(
-        tenant=adapter.tenant,
-        actor=actor,
-        verb="adapter.update",
-        object_type="adapter",
-        object_repr=adapter.name,
-        before=before,
-        after=_snapshot(adapter),
-    )
+    _audit(adapter, "adapter.update", actor=actor, before=before, after=_snapshot(adapter))
     return adapter
 
 
@@ -104,25 +95,17 @@ def adapter_delete(*, adapter: Adapter, actor: str, force: bool = False) -> None
     aliases = list(adapter.aliases.select_related("version"))
     if aliases and not force:
         named = ", ".join(f"{a.name} -> v{a.version.number}" for a in aliases)
-        raise Conflict(
+        raise AdapterInUse(
             f"adapter '{adapter.name}' is in use by aliases {named}; delete those aliases "
             "first, or delete with force=true",
-            code="adapter_in_use",
         )
     versions = list(adapter.versions.all())
     keys = [k for v in versions for k in (v.config_key, v.weights_key)]
-    audit_record(
-        tenant=adapter.tenant,
-        actor=actor,
-        verb="adapter.delete",
-        object_type="adapter",
-        object_repr=adapter.name,
-        before=_snapshot(adapter)
-        | {
-            "versions": [v.number for v in versions],
-            "aliases": {a.name: a.version.number for a in aliases},
-        },
-    )
+    before = _snapshot(adapter) | {
+        "versions": [v.number for v in versions],
+        "aliases": {a.name: a.version.number for a in aliases},
+    }
+    _audit(adapter, "adapter.delete", actor=actor, before=before)
     adapter.aliases.all().delete()
     adapter.delete()
 

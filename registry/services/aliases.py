@@ -5,42 +5,55 @@ from __future__ import annotations
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
+from audit.services import Subject, audit_record, snapshot
+
 from .. import queue
-from ..audit import audit_record
-from ..errors import Conflict, RegistryError
+from ..errors import (
+    InvalidAlias,
+    InvalidWeight,
+    ReservedAlias,
+    UnknownVersion,
+    VersionIncompatible,
+    VersionNotReady,
+    WeightNotAllowed,
+)
 from ..models import Adapter, AdapterVersion, Alias
 from ..names import CANARY, alias_name_validator, reserved_alias_reason
+
+
+def _audit(alias: Alias, verb: str, *, actor: str, before=None, after=None) -> None:
+    adapter = alias.adapter
+    subject = Subject(tenant=adapter.tenant, type="alias", name=f"{adapter.name}@{alias.name}")
+    audit_record(subject=subject, actor=actor, verb=verb, before=before, after=after)
 
 
 def _snapshot(alias: Alias | None) -> dict | None:
     if alias is None:
         return None
-    return {"alias": alias.name, "version": alias.version.number, "weight": alias.weight}
+    return snapshot(alias, "weight", alias=alias.name, version=alias.version.number)
 
 
 def _check_name(name: str) -> None:
     try:
         alias_name_validator(name)
     except ValidationError as exc:
-        raise RegistryError(exc.messages[0], code="invalid_alias", param="alias") from None
+        raise InvalidAlias(exc.messages[0], param="alias") from None
     reason = reserved_alias_reason(name)
     if reason:
-        raise RegistryError(reason, code="reserved_alias", param="alias")
+        raise ReservedAlias(reason, param="alias")
 
 
 def _pointable(adapter: Adapter, number: int) -> AdapterVersion:
     version = AdapterVersion.objects.filter(adapter=adapter, number=number).first()
     if version is None:
-        raise RegistryError(
+        raise UnknownVersion(
             f"adapter '{adapter.name}' has no version {number}",
-            code="unknown_version",
             param="version",
         )
     if version.status != AdapterVersion.READY:
         why = f": {version.status_detail}" if version.status_detail else ""
-        raise Conflict(
+        raise VersionNotReady(
             f"v{number} is {version.status}{why}; only ready versions can be pointed at",
-            code="version_not_ready",
         )
     base = adapter.base_model
     if not version.servable_on(base):
@@ -48,9 +61,8 @@ def _pointable(adapter: Adapter, number: int) -> AdapterVersion:
             why = f"it has not been checked against {base.name}'s current revision yet"
         else:
             why = version.compatibility_detail
-        raise Conflict(
+        raise VersionIncompatible(
             f"v{number} is not compatible with base model {base.name}: {why}",
-            code="version_incompatible",
         )
     return version
 
@@ -66,20 +78,17 @@ def alias_set(
     """
     _check_name(name)
     if weight is not None and name != CANARY:
-        raise RegistryError(
+        raise WeightNotAllowed(
             f"weight applies only to the '{CANARY}' alias",
-            code="weight_not_allowed",
             param="weight",
         )
     if weight is not None and not 0 <= weight <= 100:
-        raise RegistryError(
-            "weight must be between 0 and 100", code="invalid_weight", param="weight"
-        )
+        raise InvalidWeight("weight must be between 0 and 100", param="weight")
     version = _pointable(adapter, version_number)
     alias = Alias.objects.select_for_update().filter(adapter=adapter, name=name).first()
     before = _snapshot(alias)
     created = alias is None
-    if created:
+    if alias is None:
         alias = Alias(adapter=adapter, name=name)
     alias.version = version
     if name == CANARY:
@@ -87,28 +96,12 @@ def alias_set(
     alias.updated_by = actor
     alias.full_clean()
     alias.save()
-    audit_record(
-        tenant=adapter.tenant,
-        actor=actor,
-        verb="alias.set",
-        object_type="alias",
-        object_repr=f"{adapter.name}@{name}",
-        before=before,
-        after=_snapshot(alias),
-    )
+    _audit(alias, "alias.set", actor=actor, before=before, after=_snapshot(alias))
     queue.send_on_commit(queue.STAGE, version.pk)  # make sure the target is on local disk
     return alias, created
 
 
 @transaction.atomic
 def alias_delete(*, alias: Alias, actor: str) -> None:
-    before = _snapshot(alias)
-    audit_record(
-        tenant=alias.adapter.tenant,
-        actor=actor,
-        verb="alias.delete",
-        object_type="alias",
-        object_repr=f"{alias.adapter.name}@{alias.name}",
-        before=before,
-    )
+    _audit(alias, "alias.delete", actor=actor, before=_snapshot(alias))
     alias.delete()

@@ -11,7 +11,9 @@ from pathlib import Path
 from django.conf import settings
 from django.db import transaction
 
-from inference.engine.peft_rules import (
+from audit.services import SYSTEM_COMPATIBILITY
+from inference.engine.formats.safetensors_header import HeaderError, parse_header
+from inference.engine.lora.peft_rules import (
     CONFIG_FILE,
     WEIGHTS_FILE,
     ArchFingerprint,
@@ -19,15 +21,14 @@ from inference.engine.peft_rules import (
     FingerprintError,
     fingerprint_from_config,
 )
-from inference.engine.safetensors_header import HeaderError, parse_header
 
 from .. import queue
-from ..audit import SYSTEM_COMPATIBILITY, audit_record
 from ..errors import ObjectMissing, RegistryError
 from ..models import AdapterVersion, BaseModel
 from ..staging import download_version, version_dir
 from ..uploads import MAX_CONFIG_BYTES
 from ..validation import validate_adapter_files
+from .transitions import transition
 
 log = logging.getLogger(__name__)
 _CHUNK = 4 * 1024 * 1024
@@ -106,20 +107,12 @@ def base_model_import(
     return row, changed
 
 
-def _snapshot(version: AdapterVersion) -> dict:
-    return {
-        "revision": version.checked_revision,
-        "compatible": version.compatible,
-        "detail": version.compatibility_detail,
-    }
-
-
-def version_recheck(*, version: AdapterVersion, base_model: BaseModel) -> AdapterVersion:
+def version_recheck(*, version: AdapterVersion, base_model: BaseModel) -> AdapterVersion | None:
     """Check one ready version's files against the base model's current fingerprint.
 
     Reads the staged copy when this host has one, else the object (StorageUnavailable
     propagates for the task to retry). Values were checked at validation; shapes are what
-    a new base can break, so only the header is read here.
+    a new base can break, so only the header is read here. None if the version is gone.
     """
     if version.checked_revision == base_model.revision:
         return version
@@ -143,29 +136,17 @@ def version_recheck(*, version: AdapterVersion, base_model: BaseModel) -> Adapte
             check_values=False,
             prior_checks=prior,
         )
-    with transaction.atomic():
-        version = (
-            AdapterVersion.objects.select_for_update()
-            .select_related("adapter__tenant")
-            .get(pk=version.pk)
-        )
-        before = _snapshot(version)
-        version.checked_revision = base_model.revision
-        version.compatible = result.ok
-        version.compatibility_detail = (
+    return transition(
+        version.pk,
+        AdapterVersion.Status.READY,
+        actor=SYSTEM_COMPATIBILITY,
+        verb="version.compatible" if result.ok else "version.incompatible",
+        checked_revision=base_model.revision,
+        compatible=result.ok,
+        compatibility_detail=(
             f"fits revision {base_model.revision[:12]}" if result.ok else result.summary()
-        )
-        version.save(update_fields=["checked_revision", "compatible", "compatibility_detail"])
-        audit_record(
-            tenant=version.adapter.tenant,
-            actor=SYSTEM_COMPATIBILITY,
-            verb="version.compatible" if result.ok else "version.incompatible",
-            object_type="adapter_version",
-            object_repr=version.label,
-            before=before,
-            after=_snapshot(version) | {"base_model": base_model.name},
-        )
-    return version
+        ),
+    )
 
 
 def base_model_recheck(*, base_model_id: int) -> dict[str, int]:
@@ -178,6 +159,7 @@ def base_model_recheck(*, base_model_id: int) -> dict[str, int]:
     )
     counts = {"compatible": 0, "incompatible": 0}
     for version in versions:
-        version = version_recheck(version=version, base_model=base_model)
-        counts["compatible" if version.compatible else "incompatible"] += 1
+        checked = version_recheck(version=version, base_model=base_model)
+        if checked is not None:
+            counts["compatible" if checked.compatible else "incompatible"] += 1
     return counts

@@ -1,13 +1,14 @@
 """Adapter versions: create from two files, validate, reject, re-validate, sweep the stuck.
 
-Status only moves forward (pending -> validating -> ready | rejected); every transition
-happens under a row lock and is idempotent, so a redelivered or duplicated task is harmless.
+Every status change goes through `transitions.transition` (row lock, ALLOWED, audit) and is
+idempotent, so a redelivered or duplicated task is harmless.
 """
 
 from __future__ import annotations
 
 import logging
 import tempfile
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import BinaryIO
@@ -17,29 +18,20 @@ from django.db import transaction
 from django.db.models import Max, Q
 from django.utils import timezone
 
-from inference.engine.peft_rules import CONFIG_FILE, WEIGHTS_FILE, ArchFingerprint, Check
+from audit.services import SYSTEM_SWEEP, SYSTEM_VALIDATOR, audit_record
+from inference.engine.lora.peft_rules import CONFIG_FILE, WEIGHTS_FILE, ArchFingerprint, Check
 
 from .. import objectstore, queue
-from ..audit import SYSTEM_SWEEP, SYSTEM_VALIDATOR, audit_record
-from ..errors import Conflict, ObjectMissing, UploadTooLarge
+from ..errors import ObjectMissing, UploadTooLarge
 from ..models import Adapter, AdapterVersion, BaseModel
 from ..objectstore import Digest
 from ..staging import download_version
 from ..uploads import CONFIG_FIELD, MAX_CONFIG_BYTES, WEIGHTS_FIELD, too_large
 from ..validation import ValidationResult, printable, validate_adapter_files
+from .transitions import transition, undecided, version_snapshot, version_subject
 
 log = logging.getLogger(__name__)
-
-
-def _snapshot(version: AdapterVersion) -> dict:
-    return {
-        "number": version.number,
-        "status": version.status,
-        "config_sha256": version.config_sha256,
-        "weights_sha256": version.weights_sha256,
-        "size": version.size,
-        "source": version.source,
-    }
+Status = AdapterVersion.Status
 
 
 # ---------------------------------------------------------------- create
@@ -66,11 +58,9 @@ def _duplicate_of(adapter: Adapter, config: Digest, weights: Digest) -> AdapterV
 
 def _audit_duplicate(existing: AdapterVersion, *, actor: str, source: str) -> None:
     audit_record(
-        tenant=existing.adapter.tenant,
+        subject=version_subject(existing),
         actor=actor,
         verb="version.upload_duplicate",
-        object_type="adapter_version",
-        object_repr=existing.label,
         after={"source": source, "duplicate_of": existing.number, "status": existing.status},
     )
 
@@ -114,12 +104,10 @@ def adapter_version_create(
             version.full_clean()
             version.save()
             audit_record(
-                tenant=adapter.tenant,
+                subject=version_subject(version),
                 actor=actor,
                 verb="version.upload",
-                object_type="adapter_version",
-                object_repr=version.label,
-                after=_snapshot(version),
+                after=version_snapshot(version),
             )
             queue.send_on_commit(queue.VALIDATE, version.pk)
     except BaseException:
@@ -132,21 +120,17 @@ def adapter_version_create(
 
 
 def _start(version_id: int) -> AdapterVersion | None:
-    with transaction.atomic():
-        version = (
-            AdapterVersion.objects.select_for_update()
-            .select_related("adapter__tenant", "adapter__base_model")
-            .filter(pk=version_id)
-            .first()
-        )
-        if version is None or version.status in (AdapterVersion.READY, AdapterVersion.REJECTED):
-            return None  # deleted, or already decided: a redelivered task has nothing to do
-        if version.status == AdapterVersion.PENDING:
-            version.status = AdapterVersion.VALIDATING
-            version.attempts += 1
-        version.validation_started_at = timezone.now()
-        version.save(update_fields=["status", "attempts", "validation_started_at"])
-        return version
+    """Mark a run started; None when the version is gone or already decided (nothing to do)."""
+    return transition(
+        version_id,
+        Status.VALIDATING,
+        actor=SYSTEM_VALIDATOR,
+        verb=None,  # the verdict is the event; a start is not
+        when=undecided,
+        # A run the sweep re-queued (already validating) was counted when it was re-queued.
+        attempts=lambda v: v.attempts + 1 if v.status == Status.PENDING else v.attempts,
+        validation_started_at=timezone.now(),
+    )
 
 
 def _int_or_none(value) -> int | None:
@@ -171,44 +155,31 @@ def _targets(result: ValidationResult) -> list[str]:
 
 
 def _finish(version_id: int, result: ValidationResult, *, revision: str) -> AdapterVersion | None:
-    with transaction.atomic():
-        version = (
-            AdapterVersion.objects.select_for_update()
-            .select_related("adapter__tenant", "adapter__base_model")
-            .filter(pk=version_id)
-            .first()
-        )
-        if version is None or version.status != AdapterVersion.VALIDATING:
-            return None  # deleted meanwhile, or a concurrent run already decided
-        before = _snapshot(version)
-        version.status = AdapterVersion.READY if result.ok else AdapterVersion.REJECTED
-        version.report = result.report()
-        version.status_detail = result.summary()
-        version.rank = _int_or_none(result.config.get("r"))
-        version.alpha = _float_or_none(result.config.get("lora_alpha"))
-        version.target_modules = printable(_targets(result))
-        version.spec = printable(result.spec.to_dict()) if result.spec else None
-        version.checked_revision = revision
-        version.compatible = result.ok
-        version.compatibility_detail = "" if result.ok else version.status_detail
-        version.validated_at = timezone.now()
-        version.full_clean()
-        version.save()
-        audit_record(
-            tenant=version.adapter.tenant,
-            actor=SYSTEM_VALIDATOR,
-            verb=f"version.{version.status}",
-            object_type="adapter_version",
-            object_repr=version.label,
-            before=before,
-            after=_snapshot(version) | {"detail": version.status_detail},
-        )
-        if version.status == AdapterVersion.READY:
-            queue.send_on_commit(queue.STAGE, version.pk)
-            current = BaseModel.objects.get(pk=version.adapter.base_model_id).revision
-            if current != revision:  # the base was re-imported while we were validating
-                queue.send_on_commit(queue.RECHECK, version.adapter.base_model_id)
-        return version
+    verdict = Status.READY if result.ok else Status.REJECTED
+    detail = result.summary()
+    version = transition(
+        version_id,
+        verdict,
+        actor=SYSTEM_VALIDATOR,
+        verb=f"version.{verdict.value}",
+        when=lambda v: v.status == Status.VALIDATING,  # else deleted, or another run decided
+        report=result.report(),
+        status_detail=detail,
+        rank=_int_or_none(result.config.get("r")),
+        alpha=_float_or_none(result.config.get("lora_alpha")),
+        target_modules=printable(_targets(result)),
+        spec=printable(result.spec.to_dict()) if result.spec else None,
+        checked_revision=revision,
+        compatible=result.ok,
+        compatibility_detail="" if result.ok else detail,
+        validated_at=timezone.now(),
+    )
+    if version is not None and version.status == Status.READY:
+        queue.send_on_commit(queue.STAGE, version.pk)
+        base_model_id = version.adapter.base_model_id
+        if BaseModel.objects.get(pk=base_model_id).revision != revision:
+            queue.send_on_commit(queue.RECHECK, base_model_id)  # re-imported while we validated
+    return version
 
 
 def adapter_version_validate(*, version_id: int) -> AdapterVersion | None:
@@ -239,61 +210,47 @@ def adapter_version_validate(*, version_id: int) -> AdapterVersion | None:
 
 
 def adapter_version_reject(
-    *, version_id: int, reason: str, actor: str = SYSTEM_VALIDATOR
+    *,
+    version_id: int,
+    reason: str,
+    actor: str = SYSTEM_VALIDATOR,
+    when: Callable[[AdapterVersion], bool] = undecided,
 ) -> AdapterVersion | None:
-    """Reject for a reason outside the files (storage, a dead worker); re-validation may help."""
-    with transaction.atomic():
-        version = (
-            AdapterVersion.objects.select_for_update()
-            .select_related("adapter__tenant")
-            .filter(pk=version_id)
-            .first()
-        )
-        if version is None or version.status in (AdapterVersion.READY, AdapterVersion.REJECTED):
-            return None
-        before = _snapshot(version)
-        version.status = AdapterVersion.REJECTED
-        version.infra_failure = True
-        version.report = [*version.report, Check("infrastructure", False, reason).to_dict()]
-        version.status_detail = reason
-        version.validated_at = timezone.now()
-        version.save()
-        audit_record(
-            tenant=version.adapter.tenant,
-            actor=actor,
-            verb="version.rejected",
-            object_type="adapter_version",
-            object_repr=version.label,
-            before=before,
-            after=_snapshot(version) | {"detail": reason},
-        )
-        return version
+    """Reject for a reason outside the files (storage, a dead worker); re-validation may help.
+
+    None when the version is gone or `when` is false (by default: it is already decided).
+    """
+    return transition(
+        version_id,
+        Status.REJECTED,
+        actor=actor,
+        verb="version.rejected",
+        when=when,
+        infra_failure=True,
+        report=lambda v: [*v.report, Check("infrastructure", False, reason).to_dict()],
+        status_detail=reason,
+        validated_at=timezone.now(),
+    )
 
 
 @transaction.atomic
-def adapter_version_revalidate(*, version: AdapterVersion, actor: str) -> AdapterVersion:
+def adapter_version_revalidate(*, version: AdapterVersion, actor: str) -> AdapterVersion | None:
     """Start validation over (an operator's action after a fault). Ready versions stay ready."""
-    version = AdapterVersion.objects.select_for_update().get(pk=version.pk)
-    if version.status == AdapterVersion.READY:
-        raise Conflict(f"{version.label} is ready; a ready version is immutable")
-    before = _snapshot(version)
-    version.status = AdapterVersion.PENDING
-    version.attempts = 0
-    version.infra_failure = False
-    version.report, version.status_detail = [], ""
-    version.validation_started_at = version.validated_at = None
-    version.save()
-    audit_record(
-        tenant=version.adapter.tenant,
+    revalidated = transition(
+        version.pk,
+        Status.PENDING,
         actor=actor,
         verb="version.revalidate",
-        object_type="adapter_version",
-        object_repr=version.label,
-        before=before,
-        after=_snapshot(version),
+        attempts=0,
+        infra_failure=False,
+        report=[],
+        status_detail="",
+        validation_started_at=None,
+        validated_at=None,
     )
-    queue.send_on_commit(queue.VALIDATE, version.pk)
-    return version
+    if revalidated is not None:
+        queue.send_on_commit(queue.VALIDATE, revalidated.pk)
+    return revalidated
 
 
 # ---------------------------------------------------------------- sweep
@@ -308,39 +265,41 @@ def versions_sweep_stuck(*, now=None) -> dict[str, int]:
     now = now or timezone.now()
     deadline = now - timedelta(seconds=settings.VALIDATION_DEADLINE_SECONDS)
     stuck = AdapterVersion.objects.filter(
-        Q(status=AdapterVersion.VALIDATING, validation_started_at__lt=deadline)
-        | Q(status=AdapterVersion.PENDING, created_at__lt=deadline)
-    ).values_list("pk", flat=True)
+        Q(status=Status.VALIDATING, validation_started_at__lt=deadline)
+        | Q(status=Status.PENDING, created_at__lt=deadline)
+    ).values_list("pk", "attempts")
     counts = {"requeued": 0, "rejected": 0}
-    for pk in list(stuck):
-        with transaction.atomic():
-            version = (
-                AdapterVersion.objects.select_for_update()
-                .select_related("adapter__tenant")
-                .get(pk=pk)
-            )
-            if version.status not in (AdapterVersion.PENDING, AdapterVersion.VALIDATING):
-                continue
-            if version.attempts >= settings.VALIDATION_MAX_ATTEMPTS:
-                reason = (
-                    f"validation started {version.attempts} times and never finished (the worker "
-                    "died or ran past its time limit); upload again or ask an operator to re-validate"
-                )
-                adapter_version_reject(version_id=pk, reason=reason, actor=SYSTEM_SWEEP)
-                counts["rejected"] += 1
-                continue
-            version.status = AdapterVersion.VALIDATING
-            version.attempts += 1
-            version.validation_started_at = now
-            version.save(update_fields=["status", "attempts", "validation_started_at"])
-            audit_record(
-                tenant=version.adapter.tenant,
-                actor=SYSTEM_SWEEP,
-                verb="version.requeue",
-                object_type="adapter_version",
-                object_repr=version.label,
-                after={"attempt": version.attempts},
-            )
-            queue.send_on_commit(queue.VALIDATE, pk)
-            counts["requeued"] += 1
+    for pk, attempts in list(stuck):
+        if attempts < settings.VALIDATION_MAX_ATTEMPTS:
+            counts["requeued"] += _requeue(pk, now=now) is not None
+        else:
+            counts["rejected"] += _give_up(pk, attempts=attempts) is not None
     return counts
+
+
+def _requeue(version_id: int, *, now) -> AdapterVersion | None:
+    version = transition(
+        version_id,
+        Status.VALIDATING,
+        actor=SYSTEM_SWEEP,
+        verb="version.requeue",
+        when=lambda v: undecided(v) and v.attempts < settings.VALIDATION_MAX_ATTEMPTS,
+        attempts=lambda v: v.attempts + 1,
+        validation_started_at=now,
+    )
+    if version is not None:
+        queue.send_on_commit(queue.VALIDATE, version_id)
+    return version
+
+
+def _give_up(version_id: int, *, attempts: int) -> AdapterVersion | None:
+    reason = (
+        f"validation started {attempts} times and never finished (the worker died or ran past "
+        "its time limit); upload again or ask an operator to re-validate"
+    )
+    return adapter_version_reject(
+        version_id=version_id,
+        reason=reason,
+        actor=SYSTEM_SWEEP,
+        when=lambda v: undecided(v) and v.attempts >= settings.VALIDATION_MAX_ATTEMPTS,
+    )

@@ -10,9 +10,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file, save_file
 
-from inference.engine.llm_engine import LLMEngine
-from inference.engine.lora import LoRARequest
-from inference.engine.sampling_params import SamplingParams
+from inference.engine import LLMEngine, LoRARequest, SamplingParams
 from tests.peft_adapters import CONFIG_FILE, WEIGHTS_FILE, make_peft_adapter
 from tests.tiny_llama import make_tiny_llama
 

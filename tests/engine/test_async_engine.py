@@ -5,10 +5,15 @@ import threading
 
 import pytest
 
-from inference.engine.async_engine import AsyncLLMEngine, EngineStoppedError
-from inference.engine.errors import DuplicateRequestError, SamplingParamsError
-from inference.engine.llm_engine import LLMEngine
-from inference.engine.sampling_params import SamplingParams
+from inference.engine import (
+    AsyncLLMEngine,
+    DuplicateRequestError,
+    EngineRequest,
+    EngineStoppedError,
+    LLMEngine,
+    SamplingParams,
+    SamplingParamsError,
+)
 from tests.tiny_llama import make_tiny_llama
 
 PROMPTS = ["The quick brown fox", "Paris", "Many tenants share one base model", "Numbers 0 1 2 3"]
@@ -34,7 +39,7 @@ def engine(model_dir):
 
 
 async def collect(engine, request_id, prompt, params=GREEDY):
-    outs = [out async for out in engine.generate(request_id, prompt, params)]
+    outs = [out async for out in engine.generate(EngineRequest(request_id, prompt, params))]
     return outs
 
 
@@ -78,7 +83,7 @@ def test_cancelling_a_caller_aborts_its_request_and_frees_its_blocks(engine, exp
         started = asyncio.Event()
 
         async def doomed():
-            async for _ in engine.generate("doomed", PROMPTS[2], long):
+            async for _ in engine.generate(EngineRequest("doomed", PROMPTS[2], long)):
                 started.set()
 
         task = asyncio.create_task(doomed())
@@ -99,7 +104,7 @@ def test_cancelling_a_caller_aborts_its_request_and_frees_its_blocks(engine, exp
 def test_breaking_out_of_the_loop_aborts_the_request(engine):
     async def main():
         async for _ in engine.generate(
-            "quitter", PROMPTS[0], SamplingParams(max_tokens=400, ignore_eos=True)
+            EngineRequest("quitter", PROMPTS[0], SamplingParams(max_tokens=400, ignore_eos=True))
         ):
             break
 
@@ -111,10 +116,10 @@ def test_breaking_out_of_the_loop_aborts_the_request(engine):
 def test_bad_requests_raise_at_once_and_the_engine_keeps_serving(engine, expected):
     async def main():
         with pytest.raises(SamplingParamsError):
-            engine.generate("bad", PROMPTS[0], SamplingParams(temperature=-1))
-        stream = engine.generate("dup", PROMPTS[0], GREEDY)
+            engine.generate(EngineRequest("bad", PROMPTS[0], SamplingParams(temperature=-1)))
+        stream = engine.generate(EngineRequest("dup", PROMPTS[0], GREEDY))
         with pytest.raises(DuplicateRequestError):
-            engine.generate("dup", PROMPTS[1], GREEDY)
+            engine.generate(EngineRequest("dup", PROMPTS[1], GREEDY))
         return [o async for o in stream]
 
     outs = asyncio.run(main())
@@ -125,7 +130,7 @@ def test_server_side_abort_ends_the_stream_with_abort(engine):
     async def main():
         outs = []
         async for out in engine.generate(
-            "victim", PROMPTS[0], SamplingParams(max_tokens=400, ignore_eos=True)
+            EngineRequest("victim", PROMPTS[0], SamplingParams(max_tokens=400, ignore_eos=True))
         ):
             outs.append(out)
             if len(outs) == 2:
@@ -141,13 +146,13 @@ def test_shutdown_ends_open_streams_and_refuses_new_requests(model_dir):
 
     async def main():
         stream = engine.generate(
-            "open", PROMPTS[0], SamplingParams(max_tokens=10_000, ignore_eos=True)
+            EngineRequest("open", PROMPTS[0], SamplingParams(max_tokens=10_000, ignore_eos=True))
         )
         first = await stream.__anext__()
         await asyncio.to_thread(engine.shutdown)
         rest = [o async for o in stream]
         with pytest.raises(EngineStoppedError):
-            engine.generate("late", PROMPTS[0], GREEDY)
+            engine.generate(EngineRequest("late", PROMPTS[0], GREEDY))
         return [first, *rest]
 
     outs = asyncio.run(main())

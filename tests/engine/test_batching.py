@@ -2,9 +2,7 @@
 
 import pytest
 
-from inference.engine.config import EngineConfig
-from inference.engine.llm_engine import LLMEngine
-from inference.engine.sampling_params import SamplingParams
+from inference.engine import EngineConfig, EngineRequest, LLMEngine, SamplingParams
 from tests.tiny_llama import make_tiny_llama
 
 BLOCK = 4
@@ -56,13 +54,13 @@ def test_batched_greedy_equals_each_alone(model_dir, alone):
 def test_requests_joining_mid_flight_get_the_same_tokens(model_dir, alone):
     engine = make_engine(model_dir)
     for p in PROMPTS[:2]:
-        engine.add_request(p, p, GREEDY)
+        engine.add_request(EngineRequest(p, p, GREEDY))
     tokens: dict[str, list[int]] = {}
     for late in PROMPTS[2:]:
         for _ in range(3):  # a few decode steps, then another request arrives
             for out in engine.step():
                 tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
-        engine.add_request(late, late, GREEDY)
+        engine.add_request(EngineRequest(late, late, GREEDY))
         assert len(engine.scheduler.running) >= 2
     for rid, toks in run_all(engine).items():
         tokens.setdefault(rid, []).extend(toks)
@@ -84,7 +82,7 @@ def test_ten_requests_finish_with_a_budget_for_two(model_dir, alone):
     longest = max(len(engine.tokenizer.encode(p)) for p in prompts) + GREEDY.max_tokens
     engine = make_engine(model_dir, num_blocks=2 * -(-longest // BLOCK))
     for i, p in enumerate(prompts):
-        engine.add_request(str(i), p, GREEDY)
+        engine.add_request(EngineRequest(str(i), p, GREEDY))
     tokens: dict[str, list[int]] = {}
     finish = {}
     while engine.has_unfinished():
@@ -100,7 +98,7 @@ def test_ten_requests_finish_with_a_budget_for_two(model_dir, alone):
 def test_max_num_seqs_caps_the_running_batch(model_dir, alone):
     engine = make_engine(model_dir, max_num_seqs=2)
     for p in PROMPTS:
-        engine.add_request(p, p, GREEDY)
+        engine.add_request(EngineRequest(p, p, GREEDY))
     tokens: dict[str, list[int]] = {}
     while engine.has_unfinished():
         for out in engine.step():
@@ -113,7 +111,7 @@ def test_max_num_batched_tokens_splits_prefills(model_dir, alone):
     engine = make_engine(model_dir, max_model_len=40, max_num_batched_tokens=40)
     lengths = {}
     for p in PROMPTS:
-        engine.add_request(p, p, GREEDY)
+        engine.add_request(EngineRequest(p, p, GREEDY))
         lengths[p] = len(engine.requests[p])
     assert sum(lengths.values()) > 40
     first = engine.step()
@@ -127,8 +125,8 @@ def test_max_num_batched_tokens_splits_prefills(model_dir, alone):
 
 def test_abort_frees_blocks_at_once_and_reports_abort(model_dir):
     engine = make_engine(model_dir)
-    engine.add_request("a", PROMPTS[2], GREEDY)
-    engine.add_request("b", PROMPTS[0], GREEDY)
+    engine.add_request(EngineRequest("a", PROMPTS[2], GREEDY))
+    engine.add_request(EngineRequest("b", PROMPTS[0], GREEDY))
     engine.step()
     engine.step()
     used = engine.block_manager.num_used_blocks

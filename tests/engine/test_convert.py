@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from inference.engine.convert import (
+from inference.engine.formats.convert import (
     OUTPUT_FILES,
     ConvertError,
     convert_gguf,
@@ -104,7 +104,7 @@ def hashes(folder: Path) -> dict[str, str]:
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "inference.engine.convert", *args],
+        [sys.executable, "-m", "inference.engine.formats.convert", *args],
         cwd=REPO,
         capture_output=True,
         text=True,

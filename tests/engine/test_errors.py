@@ -7,18 +7,19 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from inference.engine.config import EngineConfig
-from inference.engine.errors import (
+from inference.engine import (
     ConfigError,
     DuplicateRequestError,
+    EngineConfig,
     EngineError,
+    EngineRequest,
     InvalidRequestError,
+    LLMEngine,
     ModelLoadError,
     PromptTooLongError,
+    SamplingParams,
     SamplingParamsError,
 )
-from inference.engine.llm_engine import LLMEngine
-from inference.engine.sampling_params import SamplingParams
 from tests.tiny_llama import make_tiny_llama
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
@@ -48,9 +49,9 @@ def still_serving(engine, reference):
 
 def test_prompt_longer_than_the_context_is_refused(engine, still_serving):
     with pytest.raises(PromptTooLongError, match="max_model_len"):
-        engine.add_request("long", prompt_token_ids=[5] * 64, sampling_params=GREEDY)
+        engine.add_request(EngineRequest("long", prompt_token_ids=[5] * 64, sampling_params=GREEDY))
     # one token shorter leaves room for one generated token
-    engine.add_request("fits", prompt_token_ids=[5] * 63, sampling_params=GREEDY)
+    engine.add_request(EngineRequest("fits", prompt_token_ids=[5] * 63, sampling_params=GREEDY))
     [out] = [o for o in engine.step() if o.request_id == "fits"]
     assert out.finish_reason == "length" and out.completion_tokens == 1
 
@@ -59,7 +60,7 @@ def test_prompt_needing_more_blocks_than_the_whole_cache_is_refused(model_dir):
     block_bytes = EngineConfig(model=model_dir, block_size=4).kv_block_bytes
     small = LLMEngine(model=model_dir, block_size=4, kv_cache_bytes=5 * block_bytes)  # 20 tokens
     with pytest.raises(PromptTooLongError, match="KV cache"):
-        small.add_request("big", prompt_token_ids=[5] * 20, sampling_params=GREEDY)
+        small.add_request(EngineRequest("big", prompt_token_ids=[5] * 20, sampling_params=GREEDY))
     assert small.generate([[5] * 19], GREEDY)[0].finish_reason == "length"
 
 
@@ -101,16 +102,16 @@ def test_bad_sampling_values_are_refused(kwargs):
 )
 def test_bad_prompts_are_refused(engine, still_serving, prompt, token_ids, message):
     with pytest.raises(InvalidRequestError, match=message):
-        engine.add_request("bad", prompt, GREEDY, prompt_token_ids=token_ids)
+        engine.add_request(EngineRequest("bad", prompt, GREEDY, prompt_token_ids=token_ids))
 
 
 def test_duplicate_request_id_is_refused(engine, still_serving):
-    engine.add_request("same", "hello", GREEDY)
+    engine.add_request(EngineRequest("same", "hello", GREEDY))
     with pytest.raises(DuplicateRequestError, match="same"):
-        engine.add_request("same", "another", GREEDY)
+        engine.add_request(EngineRequest("same", "another", GREEDY))
     while engine.has_unfinished():
         engine.step()
-    engine.add_request("same", "again", GREEDY)  # free once finished
+    engine.add_request(EngineRequest("same", "again", GREEDY))  # free once finished
     while engine.has_unfinished():
         engine.step()
 
@@ -155,52 +156,46 @@ def test_corrupt_config_is_a_load_error(model_dir, tmp_path):
         LLMEngine(model=folder)
 
 
-def test_corrupt_weights_are_a_load_error(model_dir, tmp_path):
-    folder = _copy(model_dir, tmp_path)
+def _truncate_weights(folder):
     data = (folder / "model.safetensors").read_bytes()
     (folder / "model.safetensors").write_bytes(data[: len(data) // 2])
-    with pytest.raises(ModelLoadError, match="model.safetensors"):
-        LLMEngine(model=folder, kv_cache_bytes=1 << 20)
 
 
-def test_missing_weights_file_is_a_load_error(model_dir, tmp_path):
-    folder = _copy(model_dir, tmp_path)
-    (folder / "model.safetensors").unlink()
-    with pytest.raises(ModelLoadError, match="no \\*.safetensors"):
-        LLMEngine(model=folder, kv_cache_bytes=1 << 20)
+DROPPED = "layers.1.self_attn.k_proj.weight.*model.norm.weight"  # both named, in order
 
 
-def test_missing_tensors_are_named(model_dir, tmp_path):
-    folder = _copy(model_dir, tmp_path)
+def _drop_tensors(folder):
     tensors = load_file(folder / "model.safetensors")
     del tensors["model.layers.1.self_attn.k_proj.weight"]
     del tensors["model.norm.weight"]
     save_file(tensors, folder / "model.safetensors")
-    with pytest.raises(ModelLoadError, match="layers.1.self_attn.k_proj.weight.*model.norm.weight"):
-        LLMEngine(model=folder, kv_cache_bytes=1 << 20)
 
 
-def test_weights_that_disagree_with_the_config_are_a_load_error(model_dir, tmp_path):
+def _delete(name):
+    return lambda folder: (folder / name).unlink()
+
+
+def _config(**changes):
+    return lambda folder: _edit_config(folder, **changes)
+
+
+# name -> (how the folder is spoiled, the error, words of its message)
+BROKEN_FOLDERS = {
+    "corrupt-weights": (_truncate_weights, ModelLoadError, "model.safetensors"),
+    "missing-weights-file": (_delete("model.safetensors"), ModelLoadError, "no \\*.safetensors"),
+    "missing-tensors-named": (_drop_tensors, ModelLoadError, DROPPED),
+    "weights-disagree-shape": (_config(intermediate_size=96), ModelLoadError, "shape"),
+    "weights-disagree-layers": (_config(num_hidden_layers=1), ModelLoadError, "layers.1"),
+    "tokenizer-beyond-vocab": (_config(vocab_size=300), ModelLoadError, "tokenizer has 384 tokens"),
+    "missing-tokenizer": (_delete("tokenizer.json"), EngineError, "tokenizer.json"),
+}
+
+
+@pytest.mark.parametrize(("spoil", "error", "words"), BROKEN_FOLDERS.values(), ids=BROKEN_FOLDERS)
+def test_a_broken_model_folder_is_refused_at_load(model_dir, tmp_path, spoil, error, words):
     folder = _copy(model_dir, tmp_path)
-    _edit_config(folder, intermediate_size=96)
-    with pytest.raises(ModelLoadError, match="shape"):
-        LLMEngine(model=folder, kv_cache_bytes=1 << 20)
-    _edit_config(folder, intermediate_size=128, num_hidden_layers=1)
-    with pytest.raises(ModelLoadError, match="layers.1"):
-        LLMEngine(model=folder, kv_cache_bytes=1 << 20)
-
-
-def test_tokenizer_larger_than_the_model_vocabulary_is_a_load_error(model_dir, tmp_path):
-    folder = _copy(model_dir, tmp_path)
-    _edit_config(folder, vocab_size=300)
-    with pytest.raises(ModelLoadError, match="tokenizer has 384 tokens"):
-        LLMEngine(model=folder, kv_cache_bytes=1 << 20)
-
-
-def test_missing_tokenizer_is_an_engine_error(model_dir, tmp_path):
-    folder = _copy(model_dir, tmp_path)
-    (folder / "tokenizer.json").unlink()
-    with pytest.raises(EngineError, match="tokenizer.json"):
+    spoil(folder)
+    with pytest.raises(error, match=words):
         LLMEngine(model=folder, kv_cache_bytes=1 << 20)
 
 

@@ -5,9 +5,7 @@ import asyncio
 
 import pytest
 
-from inference.engine.async_engine import AsyncLLMEngine
-from inference.engine.llm_engine import LLMEngine
-from inference.engine.sampling_params import SamplingParams
+from inference.engine import AsyncLLMEngine, EngineRequest, LLMEngine, SamplingParams
 
 PARAMS = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
 
@@ -37,10 +35,10 @@ def admitted_in_order(engine: LLMEngine) -> list[str]:
 def test_a_burst_from_one_tenant_does_not_go_ahead_of_another(model_dir):
     engine = LLMEngine(model=model_dir, kv_cache_bytes=1 << 20, max_num_seqs=2)
     for i in range(6):
-        engine.add_request(f"a{i}", "hello", PARAMS, fairness_key="tenant-a")
+        engine.add_request(EngineRequest(f"a{i}", "hello", PARAMS, fairness_key="tenant-a"))
     for i in range(2):
-        engine.add_request(f"b{i}", "hello", PARAMS, fairness_key="tenant-b")
-    engine.add_request("c0", "hello", PARAMS, fairness_key="tenant-c")
+        engine.add_request(EngineRequest(f"b{i}", "hello", PARAMS, fairness_key="tenant-b"))
+    engine.add_request(EngineRequest("c0", "hello", PARAMS, fairness_key="tenant-c"))
     # each round takes one request per key, keys in the order of their oldest request
     assert admitted_in_order(engine) == ["a0", "b0", "a1", "b1", "a2", "c0", "a3", "a4", "a5"]
 
@@ -49,7 +47,7 @@ def test_without_keys_requests_are_first_come_first_served(model_dir):
     engine = LLMEngine(model=model_dir, kv_cache_bytes=1 << 20, max_num_seqs=3)
     ids = [f"r{i}" for i in range(7)]
     for rid in ids:
-        engine.add_request(rid, "hello", PARAMS)
+        engine.add_request(EngineRequest(rid, "hello", PARAMS))
     assert admitted_in_order(engine) == ids
 
 
@@ -60,7 +58,9 @@ def test_async_generate_passes_the_key_through(model_dir):
         keys = []
         params = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
         outs = []
-        async for out in engine.generate("k", "hello", params, fairness_key="tenant-a"):
+        async for out in engine.generate(
+            EngineRequest("k", "hello", params, fairness_key="tenant-a")
+        ):
             outs.append(out)
             seq = engine.engine.requests.get("k")
             keys.append(seq.fairness_key if seq is not None else None)

@@ -5,9 +5,14 @@ import asyncio
 
 import pytest
 
-from inference.engine.async_engine import AsyncLLMEngine, EngineStoppedError
-from inference.engine.errors import AdapterLoadError, InvalidRequestError
-from inference.engine.sampling_params import SamplingParams
+from inference.engine import (
+    AdapterLoadError,
+    AsyncLLMEngine,
+    EngineRequest,
+    EngineStoppedError,
+    InvalidRequestError,
+    SamplingParams,
+)
 from tests.engine.lora_fixtures import GREEDY, lora_engine, request_for
 
 LORA_KEYS = {
@@ -71,7 +76,7 @@ def test_stats_carry_the_lora_metrics(engine, adapters):
 
     async def main():
         long = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
-        stream = engine.generate("r", "hello", long, lora_request=req)
+        stream = engine.generate(EngineRequest("r", "hello", long, lora_request=req))
         first = await stream.__anext__()
         during = engine.stats()["lora"]
         rest = [o async for o in stream]
@@ -96,7 +101,7 @@ def test_after_shutdown_the_engine_is_not_alive_and_refuses_calls(engine, adapte
         asyncio.run(engine.load_lora(request_for("z", adapters("z", rank=4))))
 
     async def late():
-        engine.generate("late", "hello", GREEDY)
+        engine.generate(EngineRequest("late", "hello", GREEDY))
 
     with pytest.raises(EngineStoppedError):
         asyncio.run(late())

@@ -7,8 +7,7 @@ import threading
 
 import pytest
 
-from inference.engine.async_engine import AsyncLLMEngine
-from inference.engine.sampling_params import SamplingParams
+from inference.engine import AsyncLLMEngine, EngineRequest, SamplingParams
 from tests.engine.lora_fixtures import (
     ALL_LINEAR,
     ATTENTION,
@@ -53,7 +52,7 @@ def alone(lora_model_dir, requests):
 
 def add_all(engine, pairs, requests):
     for i, (prompt, name) in enumerate(pairs):
-        engine.add_request(f"{i}", prompt, GREEDY, lora_request=requests.get(name))
+        engine.add_request(EngineRequest(f"{i}", prompt, GREEDY, lora_request=requests.get(name)))
 
 
 def test_four_adapters_and_base_in_one_batch_equal_each_alone(lora_model_dir, requests, alone):
@@ -124,7 +123,7 @@ def test_fifty_simultaneous_requests_for_a_cold_adapter_share_one_load(
     cold = type(adapter)(adapter.name, adapter.adapter_id, None)  # no path: ask the loader
 
     async def one(i):
-        stream = engine.generate(f"r{i}", PROMPTS[i % 5], GREEDY, lora_request=cold)
+        stream = engine.generate(EngineRequest(f"r{i}", PROMPTS[i % 5], GREEDY, lora_request=cold))
         return [t async for o in stream for t in o.new_token_ids]
 
     async def main():
@@ -160,11 +159,15 @@ def test_no_starvation_while_other_adapters_keep_arriving(lora_model_dir, reques
     for step in range(300):
         if step % 3 < 2:
             name = ("a0", "a1")[step % 3]
-            engine.add_request(f"{step}", PROMPTS[step % 5], params, lora_request=requests[name])
+            engine.add_request(
+                EngineRequest(f"{step}", PROMPTS[step % 5], params, lora_request=requests[name])
+            )
         if step == arrival:
             # both slots are held by adapters with running requests: no slot is idle
             assert {s.lora_request.name for s in engine.scheduler.running} == {"a0", "a1"}
-            engine.add_request("starved", PROMPTS[0], GREEDY, lora_request=requests["a2"])
+            engine.add_request(
+                EngineRequest("starved", PROMPTS[0], GREEDY, lora_request=requests["a2"])
+            )
         outputs = engine.step()
         starved_tokens += [t for o in outputs if o.request_id == "starved" for t in o.new_token_ids]
         if first_token_step is None and starved_tokens:

@@ -7,11 +7,16 @@ import threading
 import pytest
 import torch
 
-from inference.engine.async_engine import AsyncLLMEngine
-from inference.engine.config import EngineConfig
-from inference.engine.errors import AdapterLoadError, ConfigError, InvalidRequestError
-from inference.engine.llm_engine import LLMEngine
-from inference.engine.lora import LoRARequest
+from inference.engine import (
+    AdapterLoadError,
+    AsyncLLMEngine,
+    ConfigError,
+    EngineConfig,
+    EngineRequest,
+    InvalidRequestError,
+    LLMEngine,
+    LoRARequest,
+)
 from tests.engine.lora_fixtures import (
     GREEDY,
     corrupt,
@@ -86,10 +91,10 @@ def _bad_adapter(name, adapters, tmp_path):
 def test_refused_adapter_fails_only_its_requests(engine, reference, good, adapters, tmp_path, name):
     bad = request_for(name, _bad_adapter(name, adapters, tmp_path))
     failures = engine.stats()["lora"]["load_failures"]
-    engine.add_request("bad-1", "hello there", GREEDY, lora_request=bad)
-    engine.add_request("base", "hello there", GREEDY)
-    engine.add_request("bad-2", "hello there", GREEDY, lora_request=bad)
-    engine.add_request("good", "hello there", GREEDY, lora_request=good)
+    engine.add_request(EngineRequest("bad-1", "hello there", GREEDY, lora_request=bad))
+    engine.add_request(EngineRequest("base", "hello there", GREEDY))
+    engine.add_request(EngineRequest("bad-2", "hello there", GREEDY, lora_request=bad))
+    engine.add_request(EngineRequest("good", "hello there", GREEDY, lora_request=good))
     results = run_all(engine)
     for rid in ("bad-1", "bad-2"):
         error = results[rid]["error"]
@@ -110,7 +115,12 @@ def test_async_caller_gets_the_adapter_error_raised(lora_model_dir, adapters, tm
     engine = AsyncLLMEngine(lora_engine(lora_model_dir, max_loras=2))
 
     async def collect(rid, lora):
-        return [o async for o in engine.generate(rid, "hello there", GREEDY, lora_request=lora)]
+        return [
+            o
+            async for o in engine.generate(
+                EngineRequest(rid, "hello there", GREEDY, lora_request=lora)
+            )
+        ]
 
     async def main():
         with pytest.raises(AdapterLoadError, match=r"finite: weights contain NaN or Inf"):
@@ -142,7 +152,9 @@ def test_loader_failures_name_the_cause(lora_model_dir, adapters):
         "fetched": None,
     }
     for name in cases:
-        engine.add_request(name, "hello", GREEDY, lora_request=LoRARequest(name, f"id-{name}"))
+        engine.add_request(
+            EngineRequest(name, "hello", GREEDY, lora_request=LoRARequest(name, f"id-{name}"))
+        )
     results = run_all(engine)
     for name, words in cases.items():
         if words is None:
@@ -156,7 +168,7 @@ def test_loader_failures_name_the_cause(lora_model_dir, adapters):
 
 def test_no_path_and_no_loader_is_a_load_error(lora_model_dir):
     engine = lora_engine(lora_model_dir)
-    engine.add_request("r", "hello", GREEDY, lora_request=LoRARequest("x", "id-x"))
+    engine.add_request(EngineRequest("r", "hello", GREEDY, lora_request=LoRARequest("x", "id-x")))
     assert "no loader" in str(run_all(engine)["r"]["error"])
 
 
@@ -175,12 +187,14 @@ def test_bad_lora_request_fields_are_refused(kwargs, words):
 
 def test_lora_request_of_the_wrong_type_or_on_a_base_only_engine(lora_model_dir, engine):
     with pytest.raises(InvalidRequestError, match="must be a LoRARequest"):
-        engine.add_request("r", "hello", GREEDY, lora_request="my-adapter")
+        engine.add_request(EngineRequest("r", "hello", GREEDY, lora_request="my-adapter"))
     with pytest.raises(InvalidRequestError, match="fairness_key must be a string"):
-        engine.add_request("r", "hello", GREEDY, fairness_key=3)
+        engine.add_request(EngineRequest("r", "hello", GREEDY, fairness_key=3))
     base_only = LLMEngine(model=lora_model_dir, kv_cache_bytes=1 << 20)
     with pytest.raises(InvalidRequestError, match="enable_lora"):
-        base_only.add_request("r", "hello", GREEDY, lora_request=LoRARequest("a", "a", "/x"))
+        base_only.add_request(
+            EngineRequest("r", "hello", GREEDY, lora_request=LoRARequest("a", "a", "/x"))
+        )
     with pytest.raises(InvalidRequestError, match="enable_lora"):
         base_only.list_loras()
     assert not engine.requests and not base_only.requests
@@ -217,7 +231,7 @@ def test_control_calls_name_the_problem(engine, good, reference):
     with pytest.raises(InvalidRequestError, match="not known to the engine"):
         engine.pin_lora("id-never-seen")
     assert engine.unload_lora("id-never-seen") is False
-    engine.add_request("busy", "hello there", GREEDY, lora_request=good)
+    engine.add_request(EngineRequest("busy", "hello there", GREEDY, lora_request=good))
     with pytest.raises(InvalidRequestError, match="in use by 1 request"):
         engine.unload_lora(good.adapter_id)
     assert run_all(engine)["busy"]["tokens"] == reference["good"]
@@ -240,8 +254,10 @@ def test_a_loader_that_blocks_does_not_block_other_requests(lora_model_dir, good
         return good.path
 
     engine = lora_engine(lora_model_dir, max_loras=2, lora_loader=slow_loader)
-    engine.add_request("slow", "hello there", GREEDY, lora_request=LoRARequest("s", "id-s"))
-    engine.add_request("base", "hello there", GREEDY)
+    engine.add_request(
+        EngineRequest("slow", "hello there", GREEDY, lora_request=LoRARequest("s", "id-s"))
+    )
+    engine.add_request(EngineRequest("base", "hello there", GREEDY))
     tokens = []
     while len(tokens) < GREEDY.max_tokens:  # the base request finishes while the load hangs
         tokens += [t for o in engine.step() if o.request_id == "base" for t in o.new_token_ids]

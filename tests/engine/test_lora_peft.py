@@ -7,7 +7,7 @@ import torch
 from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
-from inference.engine.sampling_params import SamplingParams
+from inference.engine import EngineRequest, SamplingParams
 from tests.engine.lora_fixtures import ALL_LINEAR, ATTENTION, lora_engine, request_for
 
 VARIANTS = {
@@ -54,7 +54,12 @@ def test_mixed_batch_logits_match_peft_at_prefill_and_decode(
     for i, (name, n) in enumerate(zip(names, LENGTHS, strict=True)):
         ids = torch.randint(3, 384, (n,)).tolist()
         engine.add_request(
-            f"r{i}", prompt_token_ids=ids, sampling_params=params, lora_request=requests.get(name)
+            EngineRequest(
+                f"r{i}",
+                prompt_token_ids=ids,
+                sampling_params=params,
+                lora_request=requests.get(name),
+            )
         )
     adapter_of = {f"r{i}": name for i, name in enumerate(names)}
     for step in range(5):

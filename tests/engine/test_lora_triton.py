@@ -7,23 +7,18 @@ in this process may already have happened without it."""
 
 import importlib.util
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from tests.engine.lora_fixtures import ALL_LINEAR
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.fresh_python import run_python
 
 SCRIPT = r"""
 import sys
 
 import torch
 
-from inference.engine.lora import LoRARequest
-from inference.engine.sampling_params import SamplingParams
+from inference.engine import EngineRequest, LoRARequest, SamplingParams
 from tests.engine.lora_fixtures import lora_engine
 
 model, *paths = sys.argv[1:]
@@ -37,8 +32,8 @@ def two_steps(engine):
         engine.wait_for_load(0.05)
     params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
     for i, lora in enumerate(loras):
-        engine.add_request(f"r{i}", prompt_token_ids=[5 + i, 9, 17, 33][: 2 + i],
-                           sampling_params=params, lora_request=lora)
+        engine.add_request(EngineRequest(f"r{i}", prompt_token_ids=[5 + i, 9, 17, 33][: 2 + i],
+                           sampling_params=params, lora_request=lora))
     logits = []
     for step in range(2):
         seqs, is_prefill = engine.scheduler.schedule()
@@ -71,13 +66,7 @@ def test_triton_kernels_in_the_engine_match_the_torch_backend(lora_model_dir, ad
         adapters("t1", rank=4, targets=("q_proj", "v_proj")),
     ]
     env = {k: v for k, v in os.environ.items() if k != "LORAPLEX_LORA_BACKEND"}
-    env |= {"PYTHONPATH": str(ROOT), "TRITON_INTERPRET": "1"}
-    result = subprocess.run(
-        [sys.executable, "-c", SCRIPT, str(lora_model_dir), *map(str, paths)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    result = run_python(
+        SCRIPT, str(lora_model_dir), *map(str, paths), env=env | {"TRITON_INTERPRET": "1"}
     )
     assert result.returncode == 0 and "same logits" in result.stdout, result.stderr[-3000:]

@@ -1,8 +1,7 @@
 """Engine metrics: what the serving layer will export."""
 
-from inference.engine.llm_engine import LLMEngine
+from inference.engine import EngineRequest, LLMEngine, SamplingParams
 from inference.engine.metrics import Histogram
-from inference.engine.sampling_params import SamplingParams
 from tests.tiny_llama import make_tiny_llama
 
 
@@ -19,7 +18,7 @@ def test_engine_counts_tokens_latencies_and_finishes(tmp_path):
     engine = LLMEngine(model=make_tiny_llama(tmp_path), max_num_seqs=2, kv_cache_bytes=1 << 20)
     params = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
     for i, prompt in enumerate(["one", "two words", "three words here"]):
-        engine.add_request(str(i), prompt, params)
+        engine.add_request(EngineRequest(str(i), prompt, params))
     prompt_tokens = sum(len(s) for s in engine.requests.values())
     engine.step()
     during = engine.stats()

@@ -4,8 +4,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from inference.engine.llm_engine import LLMEngine
-from inference.engine.sampling_params import SamplingParams
+from inference.engine import EngineRequest, LLMEngine, SamplingParams
 from tests.tiny_llama import make_tiny_llama
 
 LLAMA3_ROPE = {
@@ -51,7 +50,7 @@ def test_prefill_and_decode_logits_match_transformers(model_dir, decode_kv):
     prompts = [torch.randint(3, 384, (n,)).tolist() for n in (1, 5, 13, 70)]
     params = SamplingParams(temperature=0, max_tokens=100, ignore_eos=True)
     for i, ids in enumerate(prompts):
-        engine.add_request(f"r{i}", prompt_token_ids=ids, sampling_params=params)
+        engine.add_request(EngineRequest(f"r{i}", prompt_token_ids=ids, sampling_params=params))
     for step in range(6):
         seqs, is_prefill = engine.scheduler.schedule()
         assert is_prefill == (step == 0) and len(seqs) == len(prompts)

@@ -3,9 +3,6 @@
 import json
 import math
 import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -13,7 +10,8 @@ from peft import LoraConfig, get_peft_model
 from safetensors.torch import load_file, save_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from inference.engine.peft_rules import (
+from inference.engine.formats.safetensors_header import parse_header
+from inference.engine.lora.peft_rules import (
     CONFIG_FILE,
     WEIGHTS_FILE,
     AdapterError,
@@ -25,7 +23,7 @@ from inference.engine.peft_rules import (
     parse_config,
     require_valid,
 )
-from inference.engine.safetensors_header import parse_header
+from tests.fresh_python import modules_after
 
 ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
 ALL_LINEAR = ATTENTION + ["gate_proj", "up_proj", "down_proj"]
@@ -443,12 +441,5 @@ def test_tampered_stored_fingerprint_is_refused(fingerprint):
 
 
 def test_registry_side_import_pulls_in_neither_torch_nor_django():
-    code = (
-        "import sys, inference.engine.peft_rules; "
-        "print(sorted(m for m in ('torch', 'django', 'safetensors') if m in sys.modules))"
-    )
-    root = Path(__file__).resolve().parents[2]
-    out = subprocess.run(
-        [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True
-    )
-    assert out.stdout.strip() == "[]"
+    modules = modules_after("import inference.engine.lora.peft_rules")
+    assert not modules & {"torch", "django", "safetensors"}

@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.numpy import save as save_numpy
 
-from inference.engine import safetensors_header
-from inference.engine.safetensors_header import (
+from inference.engine.formats import safetensors_header
+from inference.engine.formats.safetensors_header import (
     HeaderError,
     SafetensorsHeader,
     check_finite,

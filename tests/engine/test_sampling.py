@@ -1,15 +1,16 @@
 """Sampling, stopping and logprobs, end to end through the engine."""
 
 import json
+from typing import cast
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from inference.engine.llm_engine import LLMEngine
+from inference.engine import EngineRequest, LLMEngine, SamplingParams
 from inference.engine.sampler import Sampler
-from inference.engine.sampling_params import SamplingParams
 from inference.engine.sequence import Sequence
+from inference.engine.tokenizer import IncrementalDetokenizer
 from tests.tiny_llama import make_tiny_llama
 
 PROMPT = "The quick brown fox"
@@ -73,7 +74,9 @@ def test_streamed_text_never_shows_a_stop_string_in_the_making(engine):
     cut = full.text.find(stop)
     assert len(stop) == 5 and cut > 0
     engine.add_request(
-        "s", PROMPT, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, stop=[stop])
+        EngineRequest(
+            "s", PROMPT, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, stop=[stop])
+        )
     )
     pieces = []
     while engine.has_unfinished():
@@ -138,8 +141,9 @@ def test_logprobs_zero_gives_only_the_chosen_token(engine):
 def _draws(logits: list[float], n: int, **params) -> torch.Tensor:
     """n tokens sampled from fixed logits, one sequence per row."""
     p = SamplingParams(**params)
+    no_text = cast(IncrementalDetokenizer, None)  # the sampler never detokenizes
     seqs = [
-        Sequence(str(i), [0], p, generator=torch.Generator().manual_seed(i), detokenizer=None)
+        Sequence(str(i), [0], p, generator=torch.Generator().manual_seed(i), detokenizer=no_text)
         for i in range(n)
     ]
     return torch.tensor(Sampler()(torch.tensor([logits] * n), seqs).token_ids)

@@ -3,8 +3,7 @@
 import pytest
 import torch
 
-from inference.engine.llm_engine import LLMEngine
-from inference.engine.sampling_params import SamplingParams
+from inference.engine import LLMEngine, SamplingParams
 from tests.smollm2 import smollm2_dir
 
 pytestmark = pytest.mark.slow

@@ -51,7 +51,7 @@ def hf_gguf_tokenizer():
     """transformers' own reading of the GGUF: a reference independent of our converter."""
     from transformers import AutoTokenizer
 
-    from inference.engine.convert import preset_gguf_path
+    from inference.engine.formats.convert import preset_gguf_path
 
     return AutoTokenizer.from_pretrained(preset_gguf_path(PRESET).parent, gguf_file=GGUF_NAME)
 

@@ -37,7 +37,9 @@ class LiveServer:
     def openai(self, key=None):
         from openai import OpenAI
 
-        return OpenAI(base_url=f"{self.url}/v1", api_key=key or self.key_a, max_retries=0, timeout=60)
+        return OpenAI(
+            base_url=f"{self.url}/v1", api_key=key or self.key_a, max_retries=0, timeout=60
+        )
 
 
 def free_port() -> int:
@@ -51,7 +53,9 @@ def database_url() -> str:
 
     db = connection.settings_dict
     if connection.vendor == "postgresql":
-        return f"postgres://{db['USER']}:{db['PASSWORD'] or ''}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
+        return (
+            f"postgres://{db['USER']}:{db['PASSWORD'] or ''}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
+        )
     return f"sqlite:///{db['NAME']}"
 
 
@@ -73,7 +77,10 @@ def start_server(tmp: Path, extra_env: dict | None = None) -> tuple[str, subproc
     with open(log, "w") as out:
         proc = subprocess.Popen(
             [sys.executable, "manage.py", "serve", "--port", str(port), "--log-level", "warning"],
-            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
         )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
@@ -110,31 +117,53 @@ def serve_data(django_db_setup, django_db_blocker, tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("serve")
     base_dir = make_tiny_llama(tmp / "base")
-    adapter_dir = make_peft_adapter(base_dir, tmp / "adapter", rank=8, alpha=16,
-                                    targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
-                                             "up_proj", "down_proj"), std=0.5, base_model_name=BASE_NAME)
+    adapter_dir = make_peft_adapter(
+        base_dir,
+        tmp / "adapter",
+        rank=8,
+        alpha=16,
+        targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+        std=0.5,
+        base_model_name=BASE_NAME,
+    )
     with django_db_blocker.unblock():
-        previously_served = list(BaseModel.objects.filter(is_served=True).values_list("pk", flat=True))
+        previously_served = list(
+            BaseModel.objects.filter(is_served=True).values_list("pk", flat=True)
+        )
         base, _ = base_model_import(name=BASE_NAME, path=base_dir, serve=True)
         tenant_a = tenant_create(slug="serve-a", name="Serve A")
         tenant_b = tenant_create(slug="serve-b", name="Serve B")
-        _, key_a = api_key_create(tenant=tenant_a, name="all", scopes=["inference", "registry:read", "keys:write"])
-        _, key_b = api_key_create(tenant=tenant_b, name="all", scopes=["inference", "registry:read"])
+        _, key_a = api_key_create(
+            tenant=tenant_a, name="all", scopes=["inference", "registry:read", "keys:write"]
+        )
+        _, key_b = api_key_create(
+            tenant=tenant_b, name="all", scopes=["inference", "registry:read"]
+        )
         _, key_a_ro = api_key_create(tenant=tenant_a, name="ro", scopes=["registry:read"])
         short, key_short = api_key_create(tenant=tenant_a, name="short-lived", scopes=["inference"])
         _, key_limited = api_key_create(tenant=tenant_b, name="limited", scopes=["inference"])
         adapter = adapter_create(tenant=tenant_a, name="pirate", actor="test")
-        with open(adapter_dir / "adapter_config.json", "rb") as c, \
-                open(adapter_dir / "adapter_model.safetensors", "rb") as w:
+        with (
+            open(adapter_dir / "adapter_config.json", "rb") as c,
+            open(adapter_dir / "adapter_model.safetensors", "rb") as w,
+        ):
             version, _ = adapter_version_create(adapter=adapter, config=c, weights=w, actor="test")
         version = adapter_version_validate(version_id=version.pk)
         assert version.status == "ready", version.report
         alias_set(adapter=adapter, name="production", version_number=version.number, actor="test")
-    data = {"tmp": tmp, "base_dir": base_dir, "adapter_dir": adapter_dir, "keys": (key_a, key_b, key_a_ro),
-            "key_short": (short.pk, key_short), "key_limited": key_limited}
+    data = {
+        "tmp": tmp,
+        "base_dir": base_dir,
+        "adapter_dir": adapter_dir,
+        "keys": (key_a, key_b, key_a_ro),
+        "key_short": (short.pk, key_short),
+        "key_limited": key_limited,
+    }
     yield data
     with django_db_blocker.unblock():
-        Alias.objects.filter(adapter__tenant__slug__in=["serve-a", "serve-b"]).delete()  # PROTECTs versions
+        Alias.objects.filter(
+            adapter__tenant__slug__in=["serve-a", "serve-b"]
+        ).delete()  # PROTECTs versions
         Adapter.objects.filter(tenant__slug__in=["serve-a", "serve-b"]).delete()
         Tenant.objects.filter(slug__in=["serve-a", "serve-b"]).delete()
         base.delete()
@@ -145,6 +174,14 @@ def serve_data(django_db_setup, django_db_blocker, tmp_path_factory):
 def live_engine_server(serve_data):
     url, proc, log = start_server(serve_data["tmp"])
     key_a, key_b, key_a_ro = serve_data["keys"]
-    yield LiveServer(url=url, key_a=key_a, key_b=key_b, key_a_no_inference=key_a_ro,
-                     adapter_dir=serve_data["adapter_dir"], base_dir=serve_data["base_dir"], proc=proc, log=log)
+    yield LiveServer(
+        url=url,
+        key_a=key_a,
+        key_b=key_b,
+        key_a_no_inference=key_a_ro,
+        adapter_dir=serve_data["adapter_dir"],
+        base_dir=serve_data["base_dir"],
+        proc=proc,
+        log=log,
+    )
     stop_server(proc)

@@ -33,49 +33,70 @@ def test_chat_completion_on_the_base_model(live_engine_server):
 
 def test_streaming_equals_the_whole_answer_and_reports_usage(live_engine_server):
     whole = greedy_chat(live_engine_server, "pirate")
-    chunks = list(live_engine_server.openai().chat.completions.create(
-        model="pirate", messages=QUESTION, max_tokens=12, temperature=0, stream=True,
-        stream_options={"include_usage": True},
-    ))
+    chunks = list(
+        live_engine_server.openai().chat.completions.create(
+            model="pirate",
+            messages=QUESTION,
+            max_tokens=12,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == whole.choices[0].message.content
     assert chunks[0].choices[0].delta.role == "assistant"
-    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == [
-        whole.choices[0].finish_reason
-    ]
+    assert [
+        c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason
+    ] == [whole.choices[0].finish_reason]
     assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
 
 
 def test_the_adapter_answers_what_the_engine_gives_for_it_directly(live_engine_server):
-    from inference.engine.config import EngineConfig
-    from inference.engine.llm_engine import LLMEngine
-    from inference.engine.lora import LoRARequest
-    from inference.engine.sampling_params import SamplingParams
+    from inference.engine import EngineConfig, EngineRequest, LLMEngine, LoRARequest, SamplingParams
 
     engine = LLMEngine(
-        EngineConfig(model=live_engine_server.base_dir, kv_cache_bytes=8 * 1024 * 1024, enable_lora=True)
+        EngineConfig(
+            model=live_engine_server.base_dir, kv_cache_bytes=8 * 1024 * 1024, enable_lora=True
+        )
     )
     prompt = engine.tokenizer.apply_chat_template(QUESTION, add_generation_prompt=True)
     ids = engine.tokenizer.encode(prompt, add_special_tokens=False)
     params = SamplingParams(temperature=0, max_tokens=12)
     lora = LoRARequest(name="pirate", adapter_id="direct", path=str(live_engine_server.adapter_dir))
-    engine.add_request("direct-lora", prompt_token_ids=ids, sampling_params=params, lora_request=lora)
-    engine.add_request("direct-base", prompt_token_ids=ids, sampling_params=params)
+    engine.add_request(
+        EngineRequest(
+            "direct-lora", prompt_token_ids=ids, sampling_params=params, lora_request=lora
+        )
+    )
+    engine.add_request(EngineRequest("direct-base", prompt_token_ids=ids, sampling_params=params))
     texts = {}
     while engine.has_unfinished():
         for out in engine.step():
             texts[out.request_id] = texts.get(out.request_id, "") + out.new_text
-    assert greedy_chat(live_engine_server, "pirate").choices[0].message.content == texts["direct-lora"]
-    assert greedy_chat(live_engine_server, BASE_NAME).choices[0].message.content == texts["direct-base"]
+    assert (
+        greedy_chat(live_engine_server, "pirate").choices[0].message.content == texts["direct-lora"]
+    )
+    assert (
+        greedy_chat(live_engine_server, BASE_NAME).choices[0].message.content
+        == texts["direct-base"]
+    )
     assert texts["direct-lora"] != texts["direct-base"]  # the adapter visibly changes the answer
 
 
 def test_completions_endpoint(live_engine_server):
     client = live_engine_server.openai()
-    reply = client.completions.create(model="pirate@production", prompt="Once upon", max_tokens=5, temperature=0)
+    reply = client.completions.create(
+        model="pirate@production", prompt="Once upon", max_tokens=5, temperature=0
+    )
     assert reply.choices[0].text and reply.usage.completion_tokens >= 1
-    streamed = "".join(c.choices[0].text for c in client.completions.create(
-        model="pirate@production", prompt="Once upon", max_tokens=5, temperature=0, stream=True) if c.choices)
+    streamed = "".join(
+        c.choices[0].text
+        for c in client.completions.create(
+            model="pirate@production", prompt="Once upon", max_tokens=5, temperature=0, stream=True
+        )
+        if c.choices
+    )
     assert streamed == reply.choices[0].text
 
 
@@ -102,7 +123,9 @@ def test_another_tenants_adapter_is_404_like_a_missing_one(live_engine_server):
             client.chat.completions.create(model=name, messages=QUESTION, max_tokens=2)
         errors.append(caught.value.body)
     assert errors[0]["code"] == errors[1]["code"] == "model_not_found"
-    assert errors[0]["message"].replace("pirate", "X") == errors[1]["message"].replace("no-such-adapter", "X")
+    assert errors[0]["message"].replace("pirate", "X") == errors[1]["message"].replace(
+        "no-such-adapter", "X"
+    )
 
 
 def test_credentials_are_checked(live_engine_server, serve_data):
@@ -111,8 +134,10 @@ def test_credentials_are_checked(live_engine_server, serve_data):
     assert caught.value.body["code"] == "insufficient_scope"
     key_id, full = serve_data["key_short"]
     greedy_chat_with(live_engine_server, full)
-    revoked = httpx.delete(f"{live_engine_server.url}/api/v1/keys/{key_id}/",
-                           headers={"Authorization": f"Bearer {live_engine_server.key_a}"})
+    revoked = httpx.delete(
+        f"{live_engine_server.url}/api/v1/keys/{key_id}/",
+        headers={"Authorization": f"Bearer {live_engine_server.key_a}"},
+    )
     assert revoked.status_code == 200, revoked.text
     with pytest.raises(openai.AuthenticationError) as caught:
         greedy_chat_with(live_engine_server, full)
@@ -122,14 +147,23 @@ def test_credentials_are_checked(live_engine_server, serve_data):
 
 
 def greedy_chat_with(server, key):
-    return server.openai(key).chat.completions.create(model=BASE_NAME, messages=QUESTION, max_tokens=2)
+    return server.openai(key).chat.completions.create(
+        model=BASE_NAME, messages=QUESTION, max_tokens=2
+    )
 
 
 def post_raw(server, body: bytes | dict, headers=None):
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    return httpx.post(f"{server.url}/v1/chat/completions", content=data, timeout=60,
-                      headers={"Authorization": f"Bearer {server.key_a}", "Content-Type": "application/json",
-                               **(headers or {})})
+    return httpx.post(
+        f"{server.url}/v1/chat/completions",
+        content=data,
+        timeout=60,
+        headers={
+            "Authorization": f"Bearer {server.key_a}",
+            "Content-Type": "application/json",
+            **(headers or {}),
+        },
+    )
 
 
 @pytest.mark.parametrize(
@@ -137,17 +171,31 @@ def post_raw(server, body: bytes | dict, headers=None):
     [
         (b"{not json", 400, None),
         ({"model": BASE_NAME}, 400, "messages"),
-        ({"model": BASE_NAME, "messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages[0].role"),
-        ({"model": BASE_NAME, "messages": [{"role": "user", "content": ""}]}, 400, "messages[0].content"),
+        (
+            {"model": BASE_NAME, "messages": [{"role": "wizard", "content": "hi"}]},
+            400,
+            "messages[0].role",
+        ),
+        (
+            {"model": BASE_NAME, "messages": [{"role": "user", "content": ""}]},
+            400,
+            "messages[0].content",
+        ),
         ({"model": BASE_NAME, "messages": QUESTION, "max_tokens": 0}, 400, "max_tokens"),
         ({"model": BASE_NAME, "messages": QUESTION, "max_tokens": 100000}, 400, "max_tokens"),
-        ({"model": BASE_NAME, "messages": [{"role": "user", "content": "word " * 600}]}, 400, "messages"),
+        (
+            {"model": BASE_NAME, "messages": [{"role": "user", "content": "word " * 600}]},
+            400,
+            "messages",
+        ),
         ({"model": BASE_NAME, "messages": QUESTION, "frobnicate": 1}, 400, "frobnicate"),
         ({"model": BASE_NAME, "messages": QUESTION, "n": 3}, 400, "n"),
         ({"model": BASE_NAME, "messages": [{"role": "user", "content": "x" * 100_000}]}, 413, None),
     ],
 )
-def test_bad_requests_are_refused_and_the_server_keeps_serving(live_engine_server, body, status, param):
+def test_bad_requests_are_refused_and_the_server_keeps_serving(
+    live_engine_server, body, status, param
+):
     response = post_raw(live_engine_server, body)
     assert response.status_code == status, response.text
     error = response.json()["error"]
@@ -164,9 +212,20 @@ def metric(server, name: str) -> float:
 
 
 def test_disconnect_mid_stream_frees_the_engine_request(live_engine_server):
-    body = {"model": BASE_NAME, "messages": QUESTION, "max_tokens": 400, "stream": True, "ignore_eos": True}
-    with httpx.stream("POST", f"{live_engine_server.url}/v1/chat/completions", json=body, timeout=60,
-                      headers={"Authorization": f"Bearer {live_engine_server.key_a}"}) as response:
+    body = {
+        "model": BASE_NAME,
+        "messages": QUESTION,
+        "max_tokens": 400,
+        "stream": True,
+        "ignore_eos": True,
+    }
+    with httpx.stream(
+        "POST",
+        f"{live_engine_server.url}/v1/chat/completions",
+        json=body,
+        timeout=60,
+        headers={"Authorization": f"Bearer {live_engine_server.key_a}"},
+    ) as response:
         lines = response.iter_lines()
         for _ in range(4):
             next(lines)
@@ -181,9 +240,16 @@ def test_disconnect_mid_stream_frees_the_engine_request(live_engine_server):
 def test_metrics_expose_engine_and_router_gauges(live_engine_server):
     greedy_chat(live_engine_server, "pirate")
     text = httpx.get(f"{live_engine_server.url}/metrics").text
-    for name in ("loraplex_time_to_first_token_seconds_bucket", "loraplex_generation_tokens_total",
-                 "loraplex_lora_lookups_total", "loraplex_lora_hits_total", "loraplex_lora_slots_used",
-                 "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc", "vllm:lora_requests_info"):
+    for name in (
+        "loraplex_time_to_first_token_seconds_bucket",
+        "loraplex_generation_tokens_total",
+        "loraplex_lora_lookups_total",
+        "loraplex_lora_hits_total",
+        "loraplex_lora_slots_used",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:lora_requests_info",
+    ):
         assert name in text, name
     assert live_engine_server.key_a.split("_")[1] not in text  # no key ids as labels
 

@@ -17,8 +17,17 @@ def chat(**body):
 
 
 def test_chat_defaults_and_mapping():
-    request = chat(max_completion_tokens=5, temperature=0, stop="\n", seed=7, logprobs=True, top_logprobs=3,
-                   stream=True, stream_options={"include_usage": True}, user="someone")
+    request = chat(
+        max_completion_tokens=5,
+        temperature=0,
+        stop="\n",
+        seed=7,
+        logprobs=True,
+        top_logprobs=3,
+        stream=True,
+        stream_options={"include_usage": True},
+        user="someone",
+    )
     assert request.max_tokens == 5 and request.stop == ["\n"] and request.logprobs == 3
     assert request.stream and request.include_usage
     assert request.sampling_kwargs()["temperature"] == 0 and request.sampling_kwargs()["seed"] == 7
@@ -29,15 +38,32 @@ def test_chat_without_max_tokens_runs_to_the_context_end():
 
 
 def test_text_parts_and_developer_role_are_accepted():
-    request = parse_chat_request({"model": "m", "messages": [
-        {"role": "developer", "content": "Be brief."},
-        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
-    ]})
-    assert request.messages == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "ab"}]
+    request = parse_chat_request(
+        {
+            "model": "m",
+            "messages": [
+                {"role": "developer", "content": "Be brief."},
+                {
+                    "role": "user",
+                    "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+                },
+            ],
+        }
+    )
+    assert request.messages == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "ab"},
+    ]
 
 
 def test_neutral_values_of_unsupported_parameters_are_accepted():
-    chat(n=1, presence_penalty=0, frequency_penalty=0.0, logit_bias={}, response_format={"type": "text"})
+    chat(
+        n=1,
+        presence_penalty=0,
+        frequency_penalty=0.0,
+        logit_bias={},
+        response_format={"type": "text"},
+    )
 
 
 @pytest.mark.parametrize(
@@ -46,9 +72,16 @@ def test_neutral_values_of_unsupported_parameters_are_accepted():
         ({"messages": []}, "messages", "invalid_request"),
         ({"messages": None}, "messages", "invalid_request"),
         ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role", "invalid_request"),
-        ({"messages": [{"role": "user", "content": "  "}]}, "messages[0].content", "invalid_request"),
-        ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
-         "messages[0].content", "invalid_request"),
+        (
+            {"messages": [{"role": "user", "content": "  "}]},
+            "messages[0].content",
+            "invalid_request",
+        ),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+            "messages[0].content",
+            "invalid_request",
+        ),
         ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role", "invalid_request"),
         ({"max_tokens": 0}, "max_tokens", "invalid_request"),
         ({"max_completion_tokens": -1}, "max_completion_tokens", "invalid_request"),

@@ -17,19 +17,30 @@ BASE = "tiny-resolve"
 def folders(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("resolve")
     base = make_tiny_llama(tmp / "base")
-    return base, [make_peft_adapter(base, tmp / f"a{i}", rank=4, seed=i, base_model_name=BASE) for i in range(2)]
+    return base, [
+        make_peft_adapter(base, tmp / f"a{i}", rank=4, seed=i, base_model_name=BASE)
+        for i in range(2)
+    ]
 
 
 @pytest.fixture
 def bot(db, folders, tenant_a, settings, tmp_path):
     """Adapter `bot` of tenant A with two ready versions; production -> v1, canary -> v2."""
-    settings.STORAGES = {**settings.STORAGES, "default": {
-        "BACKEND": "django.core.files.storage.FileSystemStorage", "OPTIONS": {"location": str(tmp_path)}}}
+    settings.STORAGES = {
+        **settings.STORAGES,
+        "default": {
+            "BACKEND": "django.core.files.storage.FileSystemStorage",
+            "OPTIONS": {"location": str(tmp_path)},
+        },
+    }
     base_dir, adapters = folders
     base_model_import(name=BASE, path=base_dir, serve=True)
     adapter = adapter_create(tenant=tenant_a, name="bot", actor="test")
     for folder in adapters:
-        with open(folder / "adapter_config.json", "rb") as c, open(folder / "adapter_model.safetensors", "rb") as w:
+        with (
+            open(folder / "adapter_config.json", "rb") as c,
+            open(folder / "adapter_model.safetensors", "rb") as w,
+        ):
             version, _ = adapter_version_create(adapter=adapter, config=c, weights=w, actor="test")
         assert adapter_version_validate(version_id=version.pk).status == "ready"
     alias_set(adapter=adapter, name="production", version_number=1, actor="test")
@@ -82,4 +93,6 @@ def test_canary_weight_20_takes_about_a_fifth_of_the_traffic(bot, tenant_a):
     share = picks.count(2) / len(picks)
     # Binomial(500, 0.2): sd 0.018, so [0.13, 0.27] is a ~4-sigma bound.
     assert 0.13 <= share <= 0.27, share
-    assert resolve(tenant_a, "bot@production").version.number == 1  # explicit names ignore the canary
+    assert (
+        resolve(tenant_a, "bot@production").version.number == 1
+    )  # explicit names ignore the canary

@@ -9,11 +9,8 @@ tests, would turn the kernels into interpreted functions that cannot be compiled
 """
 
 import os
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.fresh_python import run_python
 
 SCRIPT = r"""
 import triton
@@ -21,6 +18,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from inference.kernels import lora_triton as L
+from inference.kernels import triton_kernels as K
 
 POINTERS = {"a_table_ptr": "*i64", "b_table_ptr": "*i64", "y_ptr": "*fp32", "scales_ptr": "*fp32"}
 
@@ -41,26 +39,17 @@ def build(fn, dtype, arch, **constexprs):
 
 for arch in (90, 80):
     for dtype, precision in (("bf16", "tf32"), ("fp32", "ieee")):
-        build(L._sgmv_shrink_kernel, dtype, arch, N_SLICES=3, BLOCK_M=64, BLOCK_R=16,
+        build(K.sgmv_shrink_kernel, dtype, arch, N_SLICES=3, BLOCK_M=64, BLOCK_R=16,
               BLOCK_K=L.SGMV_BLOCK_K, SPLIT_K=4, PRECISION=precision)
-        build(L._sgmv_expand_kernel, dtype, arch, N_SLICES=2, BLOCK_M=16, BLOCK_N=L.BLOCK_N,
+        build(K.sgmv_expand_kernel, dtype, arch, N_SLICES=2, BLOCK_M=16, BLOCK_N=L.BLOCK_N,
               BLOCK_R=16, ADD=True, PRECISION=precision)
-    build(L._bgmv_shrink_kernel, "fp16", arch, BLOCK_R=16, BLOCK_K=L.BGMV_BLOCK_K, SPLIT_K=1)
-    build(L._bgmv_expand_kernel, "fp16", arch, BLOCK_N=L.BLOCK_N, BLOCK_R=16, ADD=False)
+    build(K.bgmv_shrink_kernel, "fp16", arch, BLOCK_R=16, BLOCK_K=L.BGMV_BLOCK_K, SPLIT_K=1)
+    build(K.bgmv_expand_kernel, "fp16", arch, BLOCK_N=L.BLOCK_N, BLOCK_R=16, ADD=False)
 print("compiled")
 """
 
 
 def test_every_kernel_compiles_for_hopper_and_ampere():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(ROOT)
-    env["TRITON_DEFAULT_FP_FUSION"] = "1"
-    result = subprocess.run(
-        [sys.executable, "-c", SCRIPT],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    result = run_python(SCRIPT, env=env | {"TRITON_DEFAULT_FP_FUSION": "1"})
     assert result.returncode == 0 and "compiled" in result.stdout, result.stderr[-3000:]

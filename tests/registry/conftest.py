@@ -11,6 +11,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -75,11 +76,12 @@ def registry_settings(settings, tmp_path):
 
 def stored_objects() -> list[str]:
     """Every key in the default storage, local folder or bucket."""
-    from django.core.files.storage import storages
+    from django.core.files.storage import FileSystemStorage, storages
 
     backend = storages["default"]
     if hasattr(backend, "bucket"):
         return sorted(obj.key for obj in backend.bucket.objects.all())
+    assert isinstance(backend, FileSystemStorage), backend
     root = Path(backend.location)
     if not root.exists():
         return []
@@ -90,7 +92,7 @@ def stored_objects() -> list[str]:
 class S3:
     endpoint: str
     bucket: str
-    client: object
+    client: Any  # a boto3 S3 client; boto3 ships no types
 
     def create_bucket(self, name: str) -> str:
         self.client.create_bucket(Bucket=name)
@@ -176,15 +178,20 @@ def adapter(tenant_a, base_model):
 # ---------------------------------------------------------------- helpers
 
 
-def files_of(folder: Path, **replace) -> dict:
-    """Multipart body for an upload: {"config": file, "weights": file}, bytes overridable."""
+def files_of(folder: Path | None, **replace) -> dict:
+    """Multipart body for an upload: {"config": file, "weights": file}, bytes overridable.
+
+    `folder` may be None when `replace` gives both.
+    """
     from django.core.files.uploadedfile import SimpleUploadedFile
 
     config = replace.get("config")
     if config is None:
+        assert folder is not None, "no config given and no folder to read it from"
         config = (folder / "adapter_config.json").read_bytes()
     weights = replace.get("weights")
     if weights is None:
+        assert folder is not None, "no weights given and no folder to read them from"
         weights = (folder / "adapter_model.safetensors").read_bytes()
     return {
         "config": SimpleUploadedFile("adapter_config.json", config),
@@ -194,7 +201,7 @@ def files_of(folder: Path, **replace) -> dict:
     }
 
 
-def upload(client, name: str, folder: Path, **replace):
+def upload(client, name: str, folder: Path | None, **replace):
     return client.post(
         f"/api/v1/adapters/{name}/versions/", files_of(folder, **replace), format="multipart"
     )

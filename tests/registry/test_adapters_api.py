@@ -2,7 +2,8 @@
 
 import pytest
 
-from registry.models import Adapter, AdapterVersion, Alias, AuditEvent
+from audit.models import AuditEvent
+from registry.models import Adapter, AdapterVersion, Alias
 from registry.services.aliases import alias_set
 from tests.registry.conftest import ALICE_ACTOR, BASE_NAME, make_ready_version, stored_objects
 

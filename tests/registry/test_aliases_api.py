@@ -2,7 +2,8 @@
 
 import pytest
 
-from registry.models import AdapterVersion, Alias, AuditEvent
+from audit.models import AuditEvent
+from registry.models import AdapterVersion, Alias
 from tests.registry.conftest import make_ready_version, upload
 
 pytestmark = pytest.mark.django_db

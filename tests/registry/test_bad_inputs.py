@@ -67,112 +67,64 @@ def pickled(weights: bytes, *, zip_format: bool) -> bytes:
     return buffer.getvalue()
 
 
+def weights_by(edit, *args, **kwargs):
+    """A mutation that passes the weights through edit(weights, *args, **kwargs)."""
+    return lambda config, weights: (config, edit(weights, *args, **kwargs))
+
+
+def config_with(**changes):
+    return lambda config, weights: (with_config(config, **changes), weights)
+
+
+def config_of(text: bytes):
+    return lambda config, weights: (text, weights)
+
+
+def halved(weights: bytes) -> bytes:
+    return weights[: len(weights) // 2]
+
+
+def header_length(weights: bytes, length: int) -> bytes:
+    return length.to_bytes(8, "little") + weights[8:]
+
+
+def header_past_end(weights: bytes) -> bytes:
+    return header_length(weights, len(weights) + 100)
+
+
 # (id, mutate(config, weights) -> (config, weights), failing check, words the message must hold)
+# fmt: off
 CONTENT_CASES = [
-    ("truncated", lambda c, w: (c, w[: len(w) // 2]), "safetensors", "outside"),
-    (
-        "header_length_beyond_file",
-        lambda c, w: (c, (len(w) + 100).to_bytes(8, "little") + w[8:]),
-        "safetensors",
-        "runs past the end",
-    ),
-    ("header_not_json", lambda c, w: (c, st.garble_header(w)), "safetensors", "not valid JSON"),
-    (
-        "header_over_size_limit",
-        lambda c, w: (c, (17 * 1024 * 1024).to_bytes(8, "little") + w[8:]),
-        "safetensors",
-        "above the limit",
-    ),
-    (
-        "overlapping_offsets",
-        lambda c, w: (c, st.shift_last_tensor(w, -4)),
-        "safetensors",
-        "overlap",
-    ),
-    ("offsets_out_of_file", lambda c, w: (c, st.shift_last_tensor(w, 4)), "safetensors", "outside"),
-    (
-        "unknown_dtype",
-        lambda c, w: (c, st.edit_last_tensor(w, dtype="F128")),
-        "safetensors",
-        "unknown dtype 'F128'",
-    ),
-    (
-        "non_standard_json_constant",  # Python's json takes Infinity; JSON and the Rust loader do not
-        lambda c, w: (c, st.edit_last_tensor(w, extra=float("inf"))),
-        "safetensors",
-        "Infinity is not a JSON value",
-    ),
-    (
-        "pickle_zip",
-        lambda c, w: (c, pickled(w, zip_format=True)),
-        "safetensors",
-        "PyTorch pickle",
-    ),
-    (
-        "pickle_legacy",
-        lambda c, w: (c, pickled(w, zip_format=False)),
-        "safetensors",
-        "PyTorch pickle",
-    ),
-    (
-        "unknown_module_name",
-        lambda c, w: (c, st.rename(w, "self_attn.q_proj", "self_attn.query")),
-        "modules",
-        "no such module",
-    ),
-    (
-        "nul_in_tensor_name",
-        lambda c, w: (c, st.rename(w, "layers.0.self_attn.q_proj", "layers.0.self_attn.q\x00proj")),
-        "modules",
-        "q\\x00proj",
-    ),
-    (
-        "names_without_peft_prefix",
-        lambda c, w: (c, st.rename(w, "base_model.model.", "")),
-        "tensor_names",
-        "names must look like",
-    ),
-    (
-        "layer_index_out_of_range",
-        lambda c, w: (c, st.rename(w, "layers.1.", "layers.7.")),
-        "layers",
-        "found layer 7",
-    ),
-    (
-        "nan_weights",
-        lambda c, w: (c, st.poison_first_float(w, float("nan"))),
-        "finite",
-        "NaN or Inf",
-    ),
-    (
-        "inf_weights",
-        lambda c, w: (c, st.poison_first_float(w, float("inf"))),
-        "finite",
-        "NaN or Inf",
-    ),
-    (
-        "modules_to_save",
-        lambda c, w: (with_config(c, modules_to_save=["lm_head"]), w),
-        "modules_to_save",
-        "not supported",
-    ),
-    ("missing_r", lambda c, w: (with_config(c, r=DELETE), w), "r", "positive integer"),
-    (
-        "missing_lora_alpha",
-        lambda c, w: (with_config(c, lora_alpha=DELETE), w),
-        "lora_alpha",
-        "positive number",
-    ),
-    ("missing_peft_type", lambda c, w: (with_config(c, peft_type=DELETE), w), "peft_type", "LORA"),
-    ("config_not_json", lambda c, w: (b"{r: 4", w), "config", "not valid JSON"),
-    ("config_not_an_object", lambda c, w: (b"[4, 8]", w), "config", "JSON object"),
-    (
-        "rank_in_config_disagrees_with_tensors",
-        lambda c, w: (with_config(c, r=2), w),
-        "tensor_rank",
-        "but r is 2",
-    ),
+    ("truncated", weights_by(halved), "safetensors", "outside"),
+    ("header_length_beyond_file", weights_by(header_past_end), "safetensors", "runs past the end"),
+    ("header_not_json", weights_by(st.garble_header), "safetensors", "not valid JSON"),
+    ("header_over_size_limit", weights_by(header_length, 17 * 1024 * 1024), "safetensors", "above the limit"),
+    ("overlapping_offsets", weights_by(st.shift_last_tensor, -4), "safetensors", "overlap"),
+    ("offsets_out_of_file", weights_by(st.shift_last_tensor, 4), "safetensors", "outside"),
+    ("unknown_dtype", weights_by(st.edit_last_tensor, dtype="F128"), "safetensors", "unknown dtype 'F128'"),
+    # Python's json takes Infinity; JSON and the Rust loader do not
+    ("non_standard_json_constant", weights_by(st.edit_last_tensor, extra=float("inf")), "safetensors",
+     "Infinity is not a JSON value"),
+    ("pickle_zip", weights_by(pickled, zip_format=True), "safetensors", "PyTorch pickle"),
+    ("pickle_legacy", weights_by(pickled, zip_format=False), "safetensors", "PyTorch pickle"),
+    ("unknown_module_name", weights_by(st.rename, "self_attn.q_proj", "self_attn.query"), "modules",
+     "no such module"),
+    ("nul_in_tensor_name", weights_by(st.rename, "layers.0.self_attn.q_proj", "layers.0.self_attn.q\x00proj"),
+     "modules", "q\\x00proj"),
+    ("names_without_peft_prefix", weights_by(st.rename, "base_model.model.", ""), "tensor_names",
+     "names must look like"),
+    ("layer_index_out_of_range", weights_by(st.rename, "layers.1.", "layers.7."), "layers", "found layer 7"),
+    ("nan_weights", weights_by(st.poison_first_float, float("nan")), "finite", "NaN or Inf"),
+    ("inf_weights", weights_by(st.poison_first_float, float("inf")), "finite", "NaN or Inf"),
+    ("modules_to_save", config_with(modules_to_save=["lm_head"]), "modules_to_save", "not supported"),
+    ("missing_r", config_with(r=DELETE), "r", "positive integer"),
+    ("missing_lora_alpha", config_with(lora_alpha=DELETE), "lora_alpha", "positive number"),
+    ("missing_peft_type", config_with(peft_type=DELETE), "peft_type", "LORA"),
+    ("config_not_json", config_of(b"{r: 4"), "config", "not valid JSON"),
+    ("config_not_an_object", config_of(b"[4, 8]"), "config", "JSON object"),
+    ("rank_in_config_disagrees_with_tensors", config_with(r=2), "tensor_rank", "but r is 2"),
 ]
+# fmt: on
 
 
 def rejected_report(client, adapter, config: bytes, weights: bytes) -> dict:

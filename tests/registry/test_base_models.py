@@ -7,8 +7,9 @@ import shutil
 import pytest
 from django.core.management import CommandError, call_command
 
+from audit.models import AuditEvent
 from registry.errors import NotServable
-from registry.models import AuditEvent, BaseModel
+from registry.models import BaseModel
 from registry.selectors import adapter_version_resolve
 from registry.services.aliases import alias_set
 from registry.services.base_models import base_model_import, base_model_recheck, model_revision

@@ -3,7 +3,8 @@ session and by key), bob (a member: read-only), narrow keys and no credentials."
 
 import pytest
 
-from registry.models import Adapter, AdapterVersion, Alias, AuditEvent
+from audit.models import AuditEvent
+from registry.models import Adapter, AdapterVersion, Alias
 from registry.services.aliases import alias_set
 from tenants.scopes import INFERENCE, REGISTRY_READ
 from tests.registry.conftest import ALICE_ACTOR, files_of, make_ready_version, stored_objects

@@ -5,7 +5,7 @@ import hashlib
 
 from django.core.files.storage import storages
 
-from inference.engine.peft_rules import ArchFingerprint, load_adapter_tensors
+from inference.engine.lora.peft_rules import ArchFingerprint, load_adapter_tensors
 from registry.models import AdapterVersion
 from registry.selectors import adapter_version_resolve, base_model_served
 from registry.staging import ensure_staged

@@ -4,7 +4,7 @@ import pytest
 from django.http import Http404
 
 from registry.errors import NotServable
-from registry.names import ModelRef, parse_model_name
+from registry.model_names import ModelRef, parse_model_name, parse_qualified_name
 from registry.selectors import adapter_version_resolve, base_model_served
 from registry.services.aliases import alias_set
 from tests.registry.conftest import ALICE_ACTOR, make_ready_version
@@ -29,6 +29,26 @@ def test_model_strings_parse_into_adapter_alias_and_number():
     assert parse_model_name("bot:3") == ModelRef("bot", number=3)
     for bad in ("", "../bot", "bot@", "bot:0", "bot:x", "Bot", "a@b@c", "bot:1:2", None):
         assert parse_model_name(bad) is None, bad
+
+
+def test_qualified_names_round_trip_through_the_one_codec():
+    for text in ("tenant-a/bot", "tenant-a/bot@canary", "tenant-a/bot:3"):
+        ref = parse_qualified_name(text)
+        assert ref is not None and ref.tenant == "tenant-a" and str(ref) == text
+    assert parse_qualified_name("tenant-a/bot:3") == ModelRef("bot", number=3, tenant="tenant-a")
+    for unqualified in ("bot", "bot@canary", "bot:3"):
+        assert str(parse_model_name(unqualified)) == unqualified
+    for bad in ("bot", "/bot", "tenant-a/", "tenant-a/bot:0", "a/b/c", "tenant a/bot", None, 7):
+        assert parse_qualified_name(bad) is None, bad
+
+
+def test_versions_and_aliases_are_named_by_the_codec(tenant_a, adapter, versions):
+    from registry.model_names import alias_name, version_name
+
+    alias, _ = alias_set(adapter=adapter, name="production", version_number=1, actor=ALICE_ACTOR)
+    assert version_name(versions[1]) == "tenant-a/support-bot:2"
+    assert alias_name(alias) == "tenant-a/support-bot@production"
+    assert alias_name(alias, qualified=False) == "support-bot@production"
 
 
 def test_the_bare_name_follows_production_else_the_latest_ready(tenant_a, adapter, versions):

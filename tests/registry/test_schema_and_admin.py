@@ -40,7 +40,7 @@ def test_admin_pages_render_with_a_readable_report(admin_client, adapter, good_a
         "/admin/registry/adapter/",
         "/admin/registry/adapterversion/?status__exact=ready",
         "/admin/registry/alias/",
-        "/admin/registry/auditevent/",
+        "/admin/audit/auditevent/",
         f"/admin/registry/adapter/{adapter.pk}/change/",
         "/admin/registry/adapterversion/?q=support",
     ):
@@ -49,13 +49,17 @@ def test_admin_pages_render_with_a_readable_report(admin_client, adapter, good_a
     assert "<table>" in page and "shapes" in page and "rank 4" in page
 
 
-def test_admin_moves_the_production_alias(admin_client, adapter, good_adapter_dir):
-    version = make_ready_version(adapter, good_adapter_dir)
-    response = admin_client.post(
+def run_version_action(admin_client, action: str, version):
+    return admin_client.post(
         "/admin/registry/adapterversion/",
-        {"action": "promote", "_selected_action": [version.pk]},
+        {"action": action, "_selected_action": [version.pk]},
         follow=True,
     )
+
+
+def test_admin_moves_the_production_alias(admin_client, adapter, good_adapter_dir):
+    version = make_ready_version(adapter, good_adapter_dir)
+    response = run_version_action(admin_client, "promote", version)
     assert response.status_code == 200
     alias = Alias.objects.get()
     assert alias.name == "production" and alias.version == version
@@ -64,11 +68,7 @@ def test_admin_moves_the_production_alias(admin_client, adapter, good_adapter_di
 
 def test_admin_revalidate_refuses_ready_versions(admin_client, adapter, good_adapter_dir):
     version = make_ready_version(adapter, good_adapter_dir)
-    response = admin_client.post(
-        "/admin/registry/adapterversion/",
-        {"action": "revalidate", "_selected_action": [version.pk]},
-        follow=True,
-    )
+    response = run_version_action(admin_client, "revalidate", version)
     assert "is ready; a ready version is immutable" in response.content.decode()
     version.refresh_from_db()
     assert version.status == "ready"

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors import safe_open
 
-from inference.engine.peft_rules import fingerprint_from_config
+from inference.engine.lora.peft_rules import fingerprint_from_config
 from registry.validation import ValidationResult, validate_adapter_files
 from tests.registry import safetensors_edit as edit
 

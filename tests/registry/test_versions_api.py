@@ -3,7 +3,8 @@
 
 import pytest
 
-from registry.models import AdapterVersion, AuditEvent
+from audit.models import AuditEvent
+from registry.models import AdapterVersion
 from registry.services.versions import adapter_version_validate
 from tests.registry.conftest import sha256_of, stored_objects, upload
 

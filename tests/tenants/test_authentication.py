@@ -84,3 +84,10 @@ def test_key_use_is_recorded_at_most_once_a_minute(tenant_a, make_key):
     api_key.refresh_from_db()
     api_key_touch(api_key=api_key, now=first + timedelta(minutes=1, seconds=1))
     assert ApiKey.objects.get(pk=api_key.pk).last_used_at > first
+
+
+def test_a_refused_key_is_a_401_for_a_browser_too(tenant_a):
+    response = APIClient().get(
+        "/api/v1/tenant/", HTTP_AUTHORIZATION="Bearer lpx_nope", HTTP_ACCEPT="text/html"
+    )
+    assert response.status_code == 401 and b"invalid_api_key" in response.content

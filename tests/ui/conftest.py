@@ -11,6 +11,7 @@ import pytest
 from django.test import Client
 
 from registry.services.versions import adapter_version_create, adapter_version_validate
+from tests.conftest import signed_in_clients
 from tests.registry.conftest import (  # noqa: F401  (fixtures, re-exported for these tests)
     ALICE_ACTOR,
     adapter,
@@ -29,14 +30,8 @@ def fast_passwords(settings):
 
 @pytest.fixture
 def signed_in():
-    """signed_in(user) -> a Django test client with that user's session."""
-
-    def make(user):
-        client = Client()
-        client.force_login(user)
-        return client
-
-    return make
+    """signed_in(user) -> a Django test client (pages, not the API) with that user's session."""
+    return signed_in_clients(Client)
 
 
 def make_version(of_adapter, folder: Path, *, weights: bytes | None = None, actor=ALICE_ACTOR):

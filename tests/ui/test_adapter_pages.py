@@ -5,7 +5,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from registry.models import Alias, AuditEvent
+from audit.models import AuditEvent
+from registry.models import Alias
 from registry.services.adapters import adapter_create
 from registry.services.aliases import alias_set
 from tenants.models import UsageRecord

@@ -3,7 +3,8 @@ say (checked in the database, on disk, or by the calls a recording engine receiv
 
 import pytest
 
-from registry.models import AdapterVersion, AuditEvent
+from audit.models import AuditEvent
+from registry.models import AdapterVersion
 from registry.services.aliases import alias_set
 from tenants.models import ApiKey, Tenant, UsageRecord
 from tests.registry.conftest import wait_for
@@ -48,7 +49,7 @@ def test_every_model_has_a_working_list_search_and_filters(operator, adapter, go
         "/admin/registry/adapter/?q=support",
         "/admin/registry/adapterversion/?status__exact=ready",
         "/admin/registry/alias/",
-        "/admin/registry/auditevent/?q=upload",
+        "/admin/audit/auditevent/?q=upload",
         "/admin/registry/basemodel/",
         "/admin/auth/user/",
     ):

@@ -6,7 +6,8 @@ refused (403) without changing anything.
 
 import pytest
 
-from registry.models import Adapter, Alias, AuditEvent
+from audit.models import AuditEvent
+from registry.models import Adapter, Alias
 from tenants.models import ApiKey
 from tenants.scopes import ADMIN
 from tenants.services import membership_set

@@ -52,6 +52,19 @@ def test_the_usage_page_charts_and_tabulates_tokens_per_day_and_adapter(
     assert "tiny-llama: 10 tokens" in older
 
 
+def test_the_versions_of_one_adapter_add_up_under_its_name(
+    signed_in, bob, adapter, good_adapter_dir, second_adapter_dir
+):
+    v1, v2 = make_version(adapter, good_adapter_dir), make_version(adapter, second_adapter_dir)
+    record(adapter.tenant, version=v1, model="support-bot:1", prompt=10, completion=0)
+    record(adapter.tenant, version=v2, model="support-bot@production", prompt=5, completion=0)
+
+    html = page(signed_in(bob).get("/usage/"))
+
+    assert f"{timezone.now().date():%Y-%m-%d} support-bot: 15 tokens" in html
+    assert "support-bot:1" not in html and "support-bot@production" not in html
+
+
 def test_without_requests_the_page_says_so(signed_in, alice, tenant_a):
     html = page(signed_in(alice).get("/usage/"))
     assert "No requests in this period." in html and "<svg" not in html

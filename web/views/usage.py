@@ -6,12 +6,14 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET
 
 from tenants.scopes import REGISTRY_READ
+from tenants.usage import usage_totals
 
 from ..charts import stacked_bars
 from ..decorators import scope_required
 from ..forms import UsagePeriodForm
 from ..pages import render_page
-from ..selectors import usage_by_day_and_adapter
+
+TOTALS = ("requests", "prompt_tokens", "completion_tokens", "total_tokens")
 
 
 @require_GET
@@ -22,23 +24,22 @@ def usage(request):
     today = timezone.now().date()
     first = today - timedelta(days=days - 1)
     start = datetime.combine(first, time.min, tzinfo=timezone.get_current_timezone())
-    rows = usage_by_day_and_adapter(
-        tenant=request.principal.tenant, start=start, end=start + timedelta(days=days)
+    # Per adapter, all its versions together: one bar segment and one row per adapter a day.
+    rows = usage_totals(
+        tenant=request.principal.tenant,
+        start=start,
+        end=start + timedelta(days=days),
+        by=("day", "adapter"),
     )
     dates = [first + timedelta(days=i) for i in range(days)]
     series: dict = {}
-    for row in sorted(rows, key=lambda r: (r.adapter, r.day)):
-        series.setdefault(row.adapter, {})[row.day] = row.total_tokens
+    for row in sorted(rows, key=lambda r: (r["adapter"], r["day"])):
+        series.setdefault(row["adapter"], {})[row["day"]] = row["total_tokens"]
     context = {
         "form": form,
         "days": days,
         "chart": stacked_bars(dates, series),
-        "rows": sorted(rows, key=lambda r: (r.day, r.adapter), reverse=True),
-        "totals": {
-            "requests": sum(r.requests for r in rows),
-            "prompt_tokens": sum(r.prompt_tokens for r in rows),
-            "completion_tokens": sum(r.completion_tokens for r in rows),
-            "total_tokens": sum(r.total_tokens for r in rows),
-        },
+        "rows": sorted(rows, key=lambda r: (r["day"], r["adapter"]), reverse=True),
+        "totals": {key: sum(row[key] for row in rows) for key in TOTALS},
     }
     return render_page(request, "web/usage.html", context)

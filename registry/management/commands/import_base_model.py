@@ -3,8 +3,8 @@ from pathlib import Path
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from inference.engine.convert import PRESETS, ensure_converted
-from inference.engine.errors import EngineError
+from inference.engine import EngineError
+from inference.engine.formats.convert import PRESETS, ensure_converted
 from registry.errors import RegistryError
 from registry.names import base_model_name_validator
 from registry.services.base_models import base_model_import

@@ -1,4 +1,23 @@
 // Small behaviours shared by every page; the pages work without them, only less smoothly.
+
+// Helpers for the page scripts (playground.js, upload.js), which run after this one.
+window.loraplex = {
+  // The elements with these ids, in that order.
+  byIds: (...ids) => ids.map((id) => document.getElementById(id)),
+  // The page's CSRF token, for the requests the scripts send themselves.
+  csrfToken: () => document.querySelector('meta[name="csrf-token"]').content,
+  // What an error answer says: OpenAI's `{"error": {"message"}}` when the body holds one.
+  errorMessage(status, statusText, body) {
+    try {
+      const parsed = JSON.parse(body);
+      if (parsed.error && parsed.error.message) return parsed.error.message;
+    } catch (_) {
+      /* not JSON: fall through */
+    }
+    return `The server answered ${status} ${statusText}.`;
+  },
+};
+
 (function () {
   "use strict";
   // The tenant switcher submits on change.

@@ -5,13 +5,10 @@
   "use strict";
   const form = document.getElementById("playground");
   if (!form) return;
-  const csrf = document.querySelector('meta[name="csrf-token"]').content;
-  const model = document.getElementById("model");
-  const compare = document.getElementById("compare");
-  const message = document.getElementById("message");
-  const system = document.getElementById("system");
-  const send = document.getElementById("send");
-  const stop = document.getElementById("stop");
+  const csrf = loraplex.csrfToken();
+  const [model, compare, message, system, send, stop] = loraplex.byIds(
+    "model", "compare", "message", "system", "send", "stop",
+  );
   const base = form.dataset.base;
   const panes = {
     main: { el: document.getElementById("pane-main"), history: [] },
@@ -75,16 +72,6 @@
     }
   }
 
-  async function errorText(response) {
-    try {
-      const body = await response.json();
-      if (body.error && body.error.message) return body.error.message;
-    } catch (_) {
-      /* not JSON */
-    }
-    return `${response.status} ${response.statusText}`;
-  }
-
   async function run(pane, modelName, text) {
     pane.history.push({ role: "user", content: text });
     bubble(pane, "user", text);
@@ -119,7 +106,10 @@
           temperature: Number(document.getElementById("temperature").value) || 0,
         }),
       });
-      if (!response.ok) throw new Error(await errorText(response));
+      if (!response.ok) {
+        const body = await response.text();
+        throw new Error(loraplex.errorMessage(response.status, response.statusText, body));
+      }
       for await (const chunk of events(response)) {
         if (chunk.error) throw new Error(chunk.error.message || "the stream failed");
         const delta = chunk.choices && chunk.choices[0] && chunk.choices[0].delta;

@@ -5,15 +5,11 @@
   "use strict";
   const form = document.getElementById("upload-form");
   if (!form) return;
-  const config = document.getElementById("config-file");
-  const weights = document.getElementById("weights-file");
-  const button = document.getElementById("upload-button");
-  const bar = document.getElementById("upload-progress");
-  const percent = document.getElementById("upload-percent");
-  const error = document.getElementById("upload-error");
-  const status = document.getElementById("upload-status");
-  const dropzone = document.getElementById("dropzone");
-  const csrf = document.querySelector('meta[name="csrf-token"]').content;
+  const [config, weights, button, bar, percent, error, status, dropzone] = loraplex.byIds(
+    "config-file", "weights-file", "upload-button", "upload-progress",
+    "upload-percent", "upload-error", "upload-status", "dropzone",
+  );
+  const csrf = loraplex.csrfToken();
   const maxWeights = Number(form.dataset.maxWeights);
   const maxConfig = Number(form.dataset.maxConfig);
 
@@ -72,16 +68,6 @@
     percent.textContent = `${value}%`;
   }
 
-  function errorMessage(xhr) {
-    try {
-      const body = JSON.parse(xhr.responseText);
-      if (body.error && body.error.message) return body.error.message;
-    } catch (_) {
-      /* not JSON: fall through */
-    }
-    return `The server answered ${xhr.status} ${xhr.statusText}.`;
-  }
-
   function watch(number, created) {
     const url = form.dataset.statusUrl.replace(/\/0\/status\/$/, `/${number}/status/`);
     status.innerHTML = "";
@@ -124,7 +110,8 @@
         watch(version.number, xhr.status === 202);
       } else {
         // The files stay picked, so trying again needs no new choice.
-        showError(`Upload refused: ${errorMessage(xhr)}`);
+        const why = loraplex.errorMessage(xhr.status, xhr.statusText, xhr.responseText);
+        showError(`Upload refused: ${why}`);
       }
     });
     xhr.addEventListener("error", () => {

@@ -12,13 +12,21 @@ from torch import nn
 from .context import ForwardContext, get_forward_context
 
 
-def store_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k, v, slot_mapping):
+def store_kv(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
     """Write the fed tokens' keys and values [T, kv_heads, head_dim] into their cache slots."""
     k_cache.view(-1, *k.shape[1:]).index_copy_(0, slot_mapping, k)
     v_cache.view(-1, *v.shape[1:]).index_copy_(0, slot_mapping, v)
 
 
-def prefill_attention(q, k, v, cu_seqlens: list[int], scale: float) -> torch.Tensor:
+def prefill_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: list[int], scale: float
+) -> torch.Tensor:
     """Causal attention of each prompt over itself. The prompt's keys and values were just
     computed, so they are used directly instead of being read back from the cache."""
     out = torch.empty_like(q)
@@ -40,7 +48,9 @@ def gather_kv(cache: torch.Tensor, block_tables: torch.Tensor, length: int) -> t
     return out
 
 
-def decode_attention(q, k, v, ctx: ForwardContext, scale: float) -> torch.Tensor:
+def decode_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: ForwardContext, scale: float
+) -> torch.Tensor:
     """One new token per sequence against all its cached tokens: a batched call per group of
     similar lengths over padded [seqs, kv_heads, length, head_dim] keys and values. The
     query heads that share a KV head take the place of the query-length dimension."""
@@ -48,6 +58,7 @@ def decode_attention(q, k, v, ctx: ForwardContext, scale: float) -> torch.Tensor
     kv_heads = k.shape[1]
     qg = q.view(num_seqs, kv_heads, num_heads // kv_heads, head_dim)
     out = q.new_empty(qg.shape)
+    assert ctx.decode_groups is not None, "a decode step has its groups"
     for start, end, mask in ctx.decode_groups:
         width = mask.shape[-1]
         out[start:end] = F.scaled_dot_product_attention(
@@ -65,9 +76,10 @@ class Attention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scale = head_dim**-0.5
         self.k_cache = self.v_cache = torch.empty(0)
-        self.k_buffer = self.v_buffer = None  # see decode_kv
+        self.k_buffer: torch.Tensor | None = None  # see decode_kv
+        self.v_buffer: torch.Tensor | None = None
 
-    def forward(self, q, k, v) -> torch.Tensor:
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         ctx = get_forward_context()
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
@@ -76,23 +88,27 @@ class Attention(nn.Module):
             store_kv(self.k_cache, self.v_cache, k, v, ctx.slot_mapping)
         if ctx.is_prefill:
             self.k_buffer = self.v_buffer = None  # the next decode batch differs; free them now
+            assert ctx.cu_seqlens is not None, "a prefill step has its sequence bounds"
             out = prefill_attention(q, k, v, ctx.cu_seqlens, self.scale)
         else:
             out = decode_attention(q, *self.decode_kv(k, v, ctx), ctx, self.scale)
         return out.flatten(1)
 
-    def decode_kv(self, k, v, ctx: ForwardContext) -> tuple[torch.Tensor, torch.Tensor]:
+    def decode_kv(
+        self, k: torch.Tensor, v: torch.Tensor, ctx: ForwardContext
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Padded keys and values of the decode batch. Gathering every cached token of every
         sequence each step costs as much as the matmuls on a CPU, so when the runner allows
         it the gathered copy is kept and only the new token is written into it next step."""
+        tables = ctx.block_tables
+        assert tables is not None and ctx.context_lens is not None, "a decode step has its tables"
         if ctx.decode_buffer_len is None:  # gather afresh every step and keep nothing
             self.k_buffer = self.v_buffer = None
-            width = ctx.block_tables.shape[1] * self.k_cache.shape[1]
-            k_all = gather_kv(self.k_cache, ctx.block_tables, width)
-            return k_all, gather_kv(self.v_cache, ctx.block_tables, width)
-        if ctx.refresh_decode_buffers or self.k_buffer is None:
-            self.k_buffer = gather_kv(self.k_cache, ctx.block_tables, ctx.decode_buffer_len)
-            self.v_buffer = gather_kv(self.v_cache, ctx.block_tables, ctx.decode_buffer_len)
+            width = tables.shape[1] * self.k_cache.shape[1]
+            return gather_kv(self.k_cache, tables, width), gather_kv(self.v_cache, tables, width)
+        if ctx.refresh_decode_buffers or self.k_buffer is None or self.v_buffer is None:
+            self.k_buffer = gather_kv(self.k_cache, tables, ctx.decode_buffer_len)
+            self.v_buffer = gather_kv(self.v_cache, tables, ctx.decode_buffer_len)
         else:
             rows = torch.arange(k.shape[0], device=k.device)
             self.k_buffer[rows, :, ctx.context_lens - 1] = k

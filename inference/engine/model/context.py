@@ -5,10 +5,15 @@ forward; attention reads it, and LoRA layers read their per-token adapter slots 
 """
 
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from ..lora.slots import LoRAStep
 
 _local = threading.local()
 
@@ -29,18 +34,18 @@ class ForwardContext:
     # sequence, rebuilt from the cache when `refresh` is set, else extended by the new token
     decode_buffer_len: int | None = None
     refresh_decode_buffers: bool = True
-    # the batch's adapters (a lora.LoRAStep); None when no token uses one, so LoRA costs nothing
-    lora: object | None = None
+    # the batch's adapters; None when no token uses one, so LoRA costs nothing
+    lora: "LoRAStep | None" = None
 
 
 def get_forward_context() -> ForwardContext:
-    ctx = getattr(_local, "ctx", None)
+    ctx: ForwardContext | None = getattr(_local, "ctx", None)
     assert ctx is not None, "the model runs only inside forward_context(...)"
     return ctx
 
 
 @contextmanager
-def forward_context(ctx: ForwardContext):
+def forward_context(ctx: ForwardContext) -> Iterator[ForwardContext]:
     previous = getattr(_local, "ctx", None)
     _local.ctx = ctx
     try:

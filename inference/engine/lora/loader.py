@@ -2,7 +2,7 @@
 every PEFT rule (`peft_rules.load_adapter_tensors`, the one copy of the rules), then one
 slot row in host memory (pinned on CUDA), ready to be copied into a device slot.
 
-Results wait in a queue until the LoRA manager takes them in at a step boundary; `wakeup`
+Results wait in a queue until the host cache takes them in at a step boundary; `wakeup`
 tells a sleeping step loop that one arrived.
 """
 
@@ -17,13 +17,17 @@ from dataclasses import dataclass
 
 import torch
 
-from .errors import AdapterLoadError
-from .lora import HostAdapter, LoRARequest, LoRASlots
+from ..errors import AdapterLoadError
+from ..request import LoRARequest
+from ..utils import drain
 from .peft_rules import AdapterError, ArchFingerprint, load_adapter_tensors
+from .slots import HostAdapter, LoRASlots
 
 logger = logging.getLogger(__name__)
 
 LOAD_WORKERS = 2
+# The engine's loader callback: stage an adapter that is not on local disk, return its folder.
+FetchAdapter = Callable[[LoRARequest], str | os.PathLike[str]]
 
 
 @dataclass
@@ -41,7 +45,7 @@ class AdapterLoader:
         self,
         slots: LoRASlots,
         fingerprint: ArchFingerprint,
-        callback: Callable[[LoRARequest], str | os.PathLike] | None = None,
+        callback: FetchAdapter | None = None,
     ):
         self.slots = slots
         self.fingerprint = fingerprint
@@ -54,26 +58,22 @@ class AdapterLoader:
             LOAD_WORKERS, thread_name_prefix="loraplex-lora-load", initializer=_one_torch_thread
         )
 
-    def submit(self, req: LoRARequest, token: object):
+    def submit(self, req: LoRARequest, token: object) -> None:
         self._executor.submit(self._load, req, token)
 
     def finished(self) -> Iterator[LoadResult]:
         """The loads that ended since the last call."""
-        while True:
-            try:
-                yield self._done.get_nowait()
-            except queue.Empty:
-                return
+        return drain(self._done)
 
     def wait(self, timeout: float) -> bool:
         done = self._loaded.wait(timeout)
         self._loaded.clear()
         return done
 
-    def shutdown(self):
+    def shutdown(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
-    def _load(self, req: LoRARequest, token: object):
+    def _load(self, req: LoRARequest, token: object) -> None:
         """On a loader thread: folder (or loader callback) -> checked tensors -> slot row."""
         start, tier, adapter, error = time.perf_counter(), "disk", None, None
         try:
@@ -114,10 +114,9 @@ class AdapterLoader:
             self.wakeup()
 
 
-def _one_torch_thread():
+def _one_torch_thread() -> None:
     """Loader threads run their torch ops on one thread. A thread that has run a parallel
     region keeps an OpenMP team of its own alive, and on a small CPU that team made every
-    later small op of the step thread about 4x slower (the LoRA matmuls of a decode step:
-    from 10 to 40 ms on SmolLM2 with 8 adapters). One thread per load is plenty: a load is
-    a file read and a few copies."""
+    later small op of the step thread several times slower (the LoRA matmuls of a decode
+    step among them). One thread per load is plenty: a load is a file read and a few copies."""
     torch.set_num_threads(1)

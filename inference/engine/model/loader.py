@@ -10,15 +10,17 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError, safe_open
 
-from .errors import ModelLoadError
+from ..errors import ModelLoadError
 from .layers import Linear
-from .model import PACKED_MODULES
+from .llama import PACKED_MODULES, LlamaForCausalLM
+
+Target = tuple[str, int]  # (parameter name, part of a merged projection)
 
 # Present in some checkpoints, derived (not learned) here.
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
-def load_weights(model: torch.nn.Module, folder: str | Path):
+def load_weights(model: LlamaForCausalLM, folder: str | Path) -> None:
     folder = Path(folder)
     files = sorted(folder.glob("*.safetensors"))
     if not files:
@@ -52,7 +54,9 @@ def load_weights(model: torch.nn.Module, folder: str | Path):
         raise ModelLoadError(f"{folder} lacks tensors the model needs: {shown}")
 
 
-def _target(key: str, params: dict, model) -> tuple[str, int] | None:
+def _target(
+    key: str, params: dict[str, torch.nn.Parameter], model: LlamaForCausalLM
+) -> Target | None:
     """Our (parameter name, merged part) for a checkpoint tensor name."""
     if key.endswith(IGNORED_SUFFIXES):
         return None
@@ -75,7 +79,14 @@ def _target(key: str, params: dict, model) -> tuple[str, int] | None:
     return key_ours, shard
 
 
-def _copy(path, key, tensor, target, modules, params):
+def _copy(
+    path: Path,
+    key: str,
+    tensor: torch.Tensor,
+    target: Target,
+    modules: dict[str, torch.nn.Module],
+    params: dict[str, torch.nn.Parameter],
+) -> None:
     name, shard = target
     dest = params[name].data
     module = modules[name.rsplit(".", 1)[0]]
@@ -93,7 +104,7 @@ def _copy(path, key, tensor, target, modules, params):
     dest.copy_(tensor)
 
 
-def _checkpoint_name(name: str, shard: int, modules) -> str:
+def _checkpoint_name(name: str, shard: int, modules: dict[str, torch.nn.Module]) -> str:
     module_name, p = name.rsplit(".", 1)
     module = modules[module_name]
     if isinstance(module, Linear) and len(module.output_sizes) > 1:

@@ -1,10 +1,14 @@
 """The building blocks of a Llama layer: projections, RMSNorm, rotary embedding, SwiGLU."""
 
 import math
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+if TYPE_CHECKING:
+    from ..lora.slots import LinearLoRA
 
 
 class Linear(nn.Module):
@@ -14,7 +18,7 @@ class Linear(nn.Module):
     `gate_up_proj`), so the loader can fill each part and a LoRA wrapper can add each
     part's own low-rank delta to its slice of the output. Every projection of the model
     is this class, so there is one place to extend: a LoRA target gets `lora` (a
-    `lora.LinearLoRA`), which adds each token's adapter delta when its batch has adapters.
+    `lora.slots.LinearLoRA`), which adds each token's adapter delta when its batch has adapters.
     """
 
     def __init__(self, in_features: int, output_sizes: list[int], bias: bool = False):
@@ -26,7 +30,7 @@ class Linear(nn.Module):
         self.bias = (
             nn.Parameter(torch.empty(self.out_features), requires_grad=False) if bias else None
         )
-        self.lora = None
+        self.lora: LinearLoRA | None = None
 
     def output_slice(self, shard: int) -> slice:
         start = sum(self.output_sizes[:shard])
@@ -57,7 +61,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.empty(hidden_size), requires_grad=False)
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         if residual is not None:
             x = x + residual
             residual = x
@@ -67,7 +73,7 @@ class RMSNorm(nn.Module):
         return out if residual is None else (out, residual)
 
 
-def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
+def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:
     """Inverse frequencies of rotary embedding, with linear or Llama-3.1 scaling applied."""
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
     if scaling is None:
@@ -88,7 +94,11 @@ class RotaryEmbedding(nn.Module):
     engine can reach. `forward` looks up the angles of a batch's positions once per step;
     `apply_rotary` then rotates each layer's queries and keys with them."""
 
-    def __init__(self, head_dim: int, max_positions: int, theta: float, scaling: dict | None):
+    cos_sin: torch.Tensor  # [max_positions, head_dim]: cos of each angle, then sin
+
+    def __init__(
+        self, head_dim: int, max_positions: int, theta: float, scaling: dict[str, Any] | None
+    ):
         super().__init__()
         inv_freq = rope_inv_freq(head_dim, theta, scaling)
         freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)

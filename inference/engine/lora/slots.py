@@ -1,5 +1,5 @@
-"""LoRA in the forward pass: the request that names an adapter, the device slots that hold
-adapters' weights, and the per-step batch that says which token uses which slot.
+"""LoRA in the forward pass: the device slots that hold adapters' weights, and the per-step
+batch that says which token uses which slot.
 
 Every target linear of every layer gets `max_loras` stacked A [S, R, in] and B [S, out, R]
 per output slice (q/k/v of `qkv_proj`, gate/up of `gate_up_proj`), padded to
@@ -8,45 +8,26 @@ adapter is one contiguous row: a swap-in is a single host-to-device copy, and an
 that does not target a module simply has zeros there (its delta is exactly zero).
 """
 
-import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 
-from inference.kernels import make_lora_batch, select_backend
+from inference.kernels import add_lora, make_lora_batch, select_backend
 from inference.kernels.lora_batch import LoRABatch
 from inference.kernels.lora_checks import check_add_lora
-from inference.kernels.lora_ops import add_lora_unchecked
 
-from .context import get_forward_context
-from .errors import InvalidRequestError
-from .layers import Linear
-from .model import PACKED_MODULES
+from ..model.context import get_forward_context
+from ..model.layers import Linear
+from ..model.llama import PACKED_MODULES, LlamaForCausalLM
+from ..request import LoRARequest
 from .peft_rules import TARGET_MODULES, AdapterSpec
 
-
-@dataclass(frozen=True)
-class LoRARequest:
-    """Which adapter a request runs with. `adapter_id` is the identity (one id, one set of
-    weights: versions are immutable); `name` is for people and metrics; `path` is a local
-    folder with the PEFT files, or None to ask the engine's loader callback for one."""
-
-    name: str
-    adapter_id: str
-    path: str | os.PathLike | None = None
-
-    def __post_init__(self):
-        for field in ("name", "adapter_id"):
-            value = getattr(self, field)
-            if not isinstance(value, str) or not value:
-                raise InvalidRequestError(
-                    f"LoRARequest.{field} must be a non-empty string, got {value!r}"
-                )
-        if self.path is not None and not isinstance(self.path, str | os.PathLike):
-            raise InvalidRequestError(
-                f"LoRARequest.path must be a folder path or None, got {type(self.path).__name__}"
-            )
+# An adapter's factors: (layer, module) -> (A [r, in], B [out, r])
+Factors = dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]
+# Where a swap-in's time is: seconds (CPU), or CUDA (start, end) events to read later
+SwapTiming = float | tuple[torch.cuda.Event, torch.cuda.Event]
 
 
 @dataclass
@@ -70,14 +51,18 @@ class LinearLoRA:
     the per-step batch only ever names slots the manager filled, so `apply` skips the
     kernels' input checks instead of repeating them 120 times per step."""
 
-    def __init__(self, lora_a: list[torch.Tensor], lora_b: list[torch.Tensor], scales):
+    def __init__(
+        self, lora_a: list[torch.Tensor], lora_b: list[torch.Tensor], scales: torch.Tensor
+    ):
         self.lora_a, self.lora_b, self.scales = lora_a, lora_b, scales
 
-    def apply(self, out: torch.Tensor, x: torch.Tensor):
+    def apply(self, out: torch.Tensor, x: torch.Tensor) -> None:
         step = get_forward_context().lora
         if step is None:  # no adapter in this batch: no LoRA work at all
             return
-        add_lora_unchecked(out, x, self.lora_a, self.lora_b, self.scales, step.batch, step.buffer)
+        add_lora(
+            out, x, self.lora_a, self.lora_b, self.scales, step.batch, step.buffer, check=False
+        )
 
 
 @dataclass
@@ -91,7 +76,7 @@ class LoRAStep:
 class LoRASlots:
     """The device side: `max_loras` slots for every target linear, allocated once."""
 
-    def __init__(self, model: torch.nn.Module, max_loras: int, max_rank: int, max_tokens: int):
+    def __init__(self, model: LlamaForCausalLM, max_loras: int, max_rank: int, max_tokens: int):
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
         self.num_slots, self.max_rank = max_loras, max_rank
@@ -100,10 +85,10 @@ class LoRASlots:
         targets = list(_target_linears(model))
         numel = 0
         for layer, _, linear, modules in targets:
-            for module, out in zip(modules, linear.output_sizes, strict=True):
+            for module, width in zip(modules, linear.output_sizes, strict=True):
                 a_off, b_off = numel, numel + max_rank * linear.in_features
-                self.offsets[(layer, module)] = (a_off, b_off, linear.in_features, out)
-                numel = b_off + out * max_rank
+                self.offsets[(layer, module)] = (a_off, b_off, linear.in_features, width)
+                numel = b_off + width * max_rank
         self.slot_numel = numel
         self.weights = torch.zeros(max_loras, numel, dtype=self.dtype, device=self.device)
         self.scales = torch.zeros(max_loras, dtype=torch.float32, device=self.device)
@@ -132,7 +117,7 @@ class LoRASlots:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.weights, self.scales, self.buffer))
 
-    def pack(self, spec: AdapterSpec, tensors: dict, pin: bool) -> torch.Tensor:
+    def pack(self, spec: AdapterSpec, tensors: Factors, pin: bool) -> torch.Tensor:
         """An adapter's factors {(layer, module): (A [r, in], B [out, r])} as one slot row:
         zero-padded to max_lora_rank, zeros for modules it does not adapt, serving dtype."""
         row = torch.zeros(self.slot_numel, dtype=self.dtype, pin_memory=pin)
@@ -143,13 +128,13 @@ class LoRASlots:
             row[b_off : b_off + fan_out * rank].view(fan_out, rank)[:, :r].copy_(b)
         return row
 
-    def write(self, slot: int, adapter: HostAdapter):
+    def write(self, slot: int, adapter: HostAdapter) -> None:
         """Copy an adapter into a slot; on CUDA the copy is queued on the current stream (the
         forward that reads it comes later on the same stream), so the host need not wait."""
         self.weights[slot].copy_(adapter.weights, non_blocking=True)
         self.scales[slot] = adapter.spec.scale
 
-    def clear(self, slot: int):
+    def clear(self, slot: int) -> None:
         self.scales[slot] = 0.0  # a stale slot contributes nothing even if named by mistake
 
     def make_step(self, token_slots: list[int]) -> LoRAStep | None:
@@ -165,7 +150,7 @@ class LoRASlots:
         return LoRAStep(batch, buffer)
 
 
-def _target_linears(model: torch.nn.Module):
+def _target_linears(model: LlamaForCausalLM) -> Iterator[tuple[int, str, Linear, list[str]]]:
     """(layer index, name, Linear, adapter module names of its output slices) for every
     linear a LoRA may target, in model order."""
     merged: dict[str, list[str]] = {}
@@ -181,7 +166,7 @@ def _target_linears(model: torch.nn.Module):
                 yield layer, name, linear, modules
 
 
-def timed_write(slots: LoRASlots, slot: int, adapter: HostAdapter):
+def timed_write(slots: LoRASlots, slot: int, adapter: HostAdapter) -> SwapTiming:
     """Write and return (start event, end event) on CUDA or the seconds it took on CPU."""
     if slots.device.type == "cuda":
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

@@ -1,5 +1,5 @@
-"""Shared by the LoRA benchmarks: SmolLM2 (or --model), rank-16 adapters on all seven
-projections made with PEFT, and prompts.
+"""Shared by the benchmarks: the command line, SmolLM2 (or --model), chat prompts, and for the
+LoRA benchmarks rank-16 adapters on all seven projections made with PEFT.
 
 Adapters are made once and cached under $LORAPLEX_VAR_DIR/bench-adapters (default var/):
 one PEFT model wraps the base, and for each seed its LoRA factors are redrawn and saved
@@ -9,14 +9,31 @@ B, which training moves away from zero, gets a small normal draw (std 0.01), so 
 adapter shifts the outputs as a trained one would rather than swamping them.
 """
 
+import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 B_STD = 0.01
+FILLER = "Please be precise, use simple words, and give one concrete example. "
+
+
+def bench_parser(doc: str, **options: int | float | bool) -> argparse.ArgumentParser:
+    """--model, then one --option per keyword, typed by its default (a bool is a switch);
+    the first line of the script's docstring describes it."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--model", help="Hugging Face model folder (default: bundled SmolLM2)")
+    for name, default in options.items():
+        flag = "--" + name.replace("_", "-")
+        if isinstance(default, bool):
+            parser.add_argument(flag, action="store_true")
+        else:
+            parser.add_argument(flag, type=type(default), default=default)
+    return parser
 
 
 def model_dir(arg: str | None) -> Path:
@@ -27,7 +44,7 @@ def model_dir(arg: str | None) -> Path:
     return smollm2_dir()
 
 
-def make_adapters(base: Path, n: int, *, rank: int = 16, alpha: float = 32) -> list[Path]:
+def make_adapters(base: Path, n: int, *, rank: int = 16, alpha: int = 32) -> list[Path]:
     """n adapters (seeds 0..n-1) for `base`, made on first use and reused after."""
     from tests.smollm2 import var_dir
 
@@ -69,12 +86,17 @@ TOPICS = [
 ]  # fmt: skip
 
 
-def chat_prompts(tokenizer, n: int, filler_repeats: int = 1) -> list[list[int]]:
-    """Chat-formatted questions as token ids, 30 to ~80 tokens."""
-    filler = "Please be precise, use simple words, and give one concrete example. "
+def chat_prompts(
+    tokenizer,
+    n: int,
+    filler: str = FILLER,
+    repeats: Callable[[int], int] = lambda i: i % 2,
+) -> list[list[int]]:
+    """Chat-formatted questions as token ids: question i asks about a topic, then says
+    `filler` repeats(i) times (by default 30 to ~80 tokens)."""
     prompts = []
     for i in range(n):
-        question = f"Explain {TOPICS[i % len(TOPICS)]}. " + filler * (i % (filler_repeats + 1))
+        question = f"Explain {TOPICS[i % len(TOPICS)]}. " + filler * repeats(i)
         text = tokenizer.apply_chat_template([{"role": "user", "content": question}])
         prompts.append(tokenizer.encode(text))
     return prompts

@@ -9,9 +9,11 @@ Module names follow the Hugging Face checkpoints, except the merged `qkv_proj` a
 import torch
 from torch import nn
 
+from ..config import ModelConfig
 from .attention import Attention
-from .config import ModelConfig
 from .layers import Linear, RMSNorm, RotaryEmbedding, SiluAndMul, VocabEmbedding, apply_rotary
+
+Rope = tuple[torch.Tensor, torch.Tensor]  # (cos, sin) of the batch's positions
 
 # checkpoint projection -> (merged module, part index)
 PACKED_MODULES = {
@@ -31,12 +33,13 @@ class LlamaAttention(nn.Module):
         self.o_proj = Linear(q_size, [mc.hidden_size], bias=mc.attention_bias)
         self.attn = Attention(mc.num_heads, mc.num_kv_heads, mc.head_dim)
 
-    def forward(self, rope, x):
+    def forward(self, rope: Rope, x: torch.Tensor) -> torch.Tensor:
         q_size, kv_size, _ = self.qkv_proj.output_sizes
         qkv = self.qkv_proj(x)
         qk = apply_rotary(qkv[:, : q_size + kv_size], rope)  # queries and keys turn alike
         q, k = qk.split([q_size, kv_size], dim=-1)
-        return self.o_proj(self.attn(q, k, qkv[:, q_size + kv_size :]))
+        out: torch.Tensor = self.o_proj(self.attn(q, k, qkv[:, q_size + kv_size :]))
+        return out
 
 
 class LlamaMLP(nn.Module):
@@ -47,8 +50,9 @@ class LlamaMLP(nn.Module):
         self.down_proj = Linear(size, [mc.hidden_size], bias=mc.mlp_bias)
         self.act = SiluAndMul()
 
-    def forward(self, x):
-        return self.down_proj(self.act(self.gate_up_proj(x)))
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.down_proj(self.act(self.gate_up_proj(x)))
+        return out
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -59,7 +63,9 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(mc.hidden_size, mc.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(mc.hidden_size, mc.rms_norm_eps)
 
-    def forward(self, rope, x, residual):
+    def forward(
+        self, rope: Rope, x: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if residual is None:
             x, residual = self.input_layernorm(x), x
         else:
@@ -77,13 +83,14 @@ class LlamaModel(nn.Module):
         self.layers = nn.ModuleList(LlamaDecoderLayer(mc) for _ in range(mc.num_layers))
         self.norm = RMSNorm(mc.hidden_size, mc.rms_norm_eps)
 
-    def forward(self, input_ids, positions):
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         x, residual = self.embed_tokens(input_ids), None
         rope = self.rotary(positions, x.dtype)  # the same angles serve every layer
         for layer in self.layers:
             x, residual = layer(rope, x, residual)
-        x, _ = self.norm(x, residual)
-        return x
+        hidden: torch.Tensor
+        hidden, _ = self.norm(x, residual)
+        return hidden
 
 
 class LlamaForCausalLM(nn.Module):
@@ -97,7 +104,9 @@ class LlamaForCausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Hidden states of every fed token; call `compute_logits` on the rows you sample."""
-        return self.model(input_ids, positions)
+        hidden: torch.Tensor = self.model(input_ids, positions)
+        return hidden
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden)
+        logits: torch.Tensor = self.lm_head(hidden)
+        return logits

@@ -15,14 +15,18 @@ import os
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeGuard
 
-from inference.engine.safetensors_header import (
+from ..formats.safetensors_header import (
     HeaderError,
     SafetensorsHeader,
     TensorInfo,
     check_finite,
     parse_header,
 )
+
+if TYPE_CHECKING:
+    import torch
 
 ATTENTION_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
@@ -55,6 +59,9 @@ UNSUPPORTED_FIELDS = (
 _EMBEDDING_NAMES = ("embed_tokens", "lm_head")
 _LAYER_KEY = re.compile(r"base_model\.model\.(?:model\.)?layers\.(0|[1-9][0-9]*)\.(.+)")
 _LORA_WEIGHT = re.compile(r"(.+)\.lora_(A|B)\.weight")
+
+# (layer, module, "A" or "B") -> the tensor's name in the file
+FactorNames = dict[tuple[int, str, str], str]
 
 
 class AdapterError(ValueError):
@@ -95,11 +102,11 @@ class ArchFingerprint:
             "down_proj": (self.intermediate, self.hidden),
         }
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self) | {"modules": {m: list(io) for m, io in self.modules.items()}}
 
     @classmethod
-    def from_dict(cls, d: dict) -> ArchFingerprint:
+    def from_dict(cls, d: dict[str, Any]) -> ArchFingerprint:
         try:
             fp = cls(**{k: d[k] for k in cls.__dataclass_fields__})
         except (KeyError, TypeError) as e:
@@ -113,7 +120,7 @@ class ArchFingerprint:
         return fp
 
 
-def fingerprint_from_config(cfg: dict) -> ArchFingerprint:
+def fingerprint_from_config(cfg: dict[str, Any]) -> ArchFingerprint:
     """Read a Hugging Face config.json dict of a Llama-family model."""
 
     def need(key: str) -> int:
@@ -160,7 +167,7 @@ class Check:
     message: str
     level: str = "error"  # "error" refuses the adapter; "warning" is only reported
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
@@ -175,10 +182,10 @@ class AdapterSpec:
     target_modules: tuple[str, ...]  # present in the tensors, in TARGET_MODULES order
     layers: tuple[int, ...]
     dtype: str
-    tensor_names: dict[tuple[int, str, str], str] = field(repr=False)  # (layer, module, A|B)
+    tensor_names: FactorNames = field(repr=False)
     base_model_name: str | None = None
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         del d["tensor_names"]
         return d | {"target_modules": list(self.target_modules), "layers": list(self.layers)}
@@ -201,7 +208,7 @@ class AdapterReport:
     def warnings(self) -> list[Check]:
         return [c for c in self.checks if not c.passed and c.level == "warning"]
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "ok": self.ok,
             "checks": [c.to_dict() for c in self.checks],
@@ -220,7 +227,7 @@ def require_valid(report: AdapterReport) -> AdapterSpec:
 # ---------------------------------------------------------------- config checks
 
 
-def parse_config(raw: bytes | str) -> dict:
+def parse_config(raw: bytes | str) -> dict[str, Any]:
     """adapter_config.json bytes to a dict, or AdapterError saying what is wrong."""
     try:
         config = json.loads(raw)
@@ -231,7 +238,9 @@ def parse_config(raw: bytes | str) -> dict:
     return config
 
 
-def _config_checks(config: dict, max_lora_rank: int, expected_base: str | None) -> list[Check]:
+def _config_checks(
+    config: dict[str, Any], max_lora_rank: int, expected_base: str | None
+) -> list[Check]:
     checks = []
     peft_type = config.get("peft_type")
     checks.append(
@@ -296,9 +305,9 @@ def _model_key(name: str) -> str:
 # ---------------------------------------------------------------- tensor checks
 
 
-def _classify(names: list[str]) -> tuple[dict, dict[str, list[str]]]:
+def _classify(names: list[str]) -> tuple[FactorNames, dict[str, list[str]]]:
     """Split tensor names into LoRA factors keyed by (layer, module, A|B) and problems."""
-    found: dict[tuple[int, str, str], str] = {}
+    found: FactorNames = {}
     bad: dict[str, list[str]] = {k: [] for k in ("name", "embedding", "dora", "bias", "module")}
     for name in sorted(names):
         if "lora_embedding" in name or any(f".{e}." in f".{name}." for e in _EMBEDDING_NAMES):
@@ -321,8 +330,8 @@ def _classify(names: list[str]) -> tuple[dict, dict[str, list[str]]]:
 
 
 def _tensor_checks(
-    tensors: dict[str, TensorInfo], config: dict, fp: ArchFingerprint, max_lora_rank: int
-) -> tuple[list[Check], dict]:
+    tensors: dict[str, TensorInfo], config: dict[str, Any], fp: ArchFingerprint, max_lora_rank: int
+) -> tuple[list[Check], FactorNames]:
     found, bad = _classify(list(tensors))
     present = {module for _, module, _ in found}
     layers = sorted({layer for layer, _, _ in found})
@@ -366,8 +375,15 @@ def _tensor_checks(
     return checks, found
 
 
-def _shape_checks(found, tensors, r, fp, max_lora_rank) -> list[Check]:
-    wrong_rank, wrong_shape = [], []
+def _shape_checks(
+    found: FactorNames,
+    tensors: dict[str, TensorInfo],
+    r: object,
+    fp: ArchFingerprint,
+    max_lora_rank: int,
+) -> list[Check]:
+    wrong_rank: list[str] = []
+    wrong_shape: list[str] = []
     for (layer, module, ab), name in sorted(found.items()):
         shape = tensors[name].shape
         if len(shape) != 2:
@@ -393,7 +409,7 @@ def _finite_check(bad: list[str]) -> Check:
     return _listing("finite", bad, "weights contain NaN or Inf (diverged training?): ")
 
 
-def _listing(name: str, problems: list[str], prefix: str, ok: str = "ok", limit=5) -> Check:
+def _listing(name: str, problems: list[str], prefix: str, ok: str = "ok", limit: int = 5) -> Check:
     if not problems:
         return Check(name, True, ok)
     more = f" and {len(problems) - limit} more" if len(problems) > limit else ""
@@ -411,12 +427,12 @@ def _embedding_message(targets: list[str]) -> str:
 
 
 def check_adapter(
-    config: dict | bytes | str,
+    config: dict[str, Any] | bytes | str,
     header: SafetensorsHeader,
     fingerprint: ArchFingerprint,
     *,
     max_lora_rank: int,
-    weights_path: str | os.PathLike | None = None,
+    weights_path: str | os.PathLike[str] | None = None,
     expected_base_name: str | None = None,
 ) -> AdapterReport:
     """Every rule, as a report a person can read; with weights_path, values are checked too."""
@@ -445,7 +461,7 @@ def check_adapter(
     return report
 
 
-def _spec(config: dict, header: SafetensorsHeader, found: dict) -> AdapterSpec:
+def _spec(config: dict[str, Any], header: SafetensorsHeader, found: FactorNames) -> AdapterSpec:
     r, alpha, rslora = config["r"], config["lora_alpha"], bool(config.get("use_rslora"))
     present = {module for _, module, _ in found}
     return AdapterSpec(
@@ -462,12 +478,12 @@ def _spec(config: dict, header: SafetensorsHeader, found: dict) -> AdapterSpec:
 
 
 def load_adapter_tensors(
-    folder: str | os.PathLike,
+    folder: str | os.PathLike[str],
     fingerprint: ArchFingerprint,
     *,
     max_lora_rank: int,
     expected_base_name: str | None = None,
-):
+) -> tuple[AdapterSpec, dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]]:
     """Check a PEFT folder, then read its factors as CPU torch tensors.
 
     Returns (spec, {(layer, module): (A [r, in], B [out, r])}). Values are checked
@@ -494,7 +510,7 @@ def load_adapter_tensors(
     import torch
     from safetensors import safe_open
 
-    loaded = {}
+    loaded: dict[tuple[int, str, str], torch.Tensor] = {}
     with safe_open(folder / WEIGHTS_FILE, framework="pt", device="cpu") as f:
         for key, name in spec.tensor_names.items():
             loaded[key] = f.get_tensor(name)
@@ -508,11 +524,11 @@ def load_adapter_tensors(
     }
 
 
-def _is_positive_int(x: object) -> bool:
+def _is_positive_int(x: object) -> TypeGuard[int]:
     return isinstance(x, int) and not isinstance(x, bool) and x > 0
 
 
-def _is_number(x: object) -> bool:
+def _is_number(x: object) -> TypeGuard[int | float]:
     if isinstance(x, bool) or not isinstance(x, int | float):
         return False
     return isinstance(x, int) or math.isfinite(x)

@@ -7,7 +7,7 @@ GGUF metadata. Everything is planned and validated before anything touches the d
 a temporary sibling folder, then renamed into place, so a failed or concurrent run never leaves a
 half-written model behind. Output is byte-for-byte deterministic.
 
-    python -m inference.engine.convert --preset smollm2-135m-instruct --out var/models/smollm2
+    python -m inference.engine.formats.convert --preset smollm2-135m-instruct --out var/models/smollm2
 """
 
 from __future__ import annotations
@@ -23,10 +23,15 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from inference.engine.errors import EngineError
+from ..errors import EngineError
+
+if TYPE_CHECKING:
+    from gguf import GGUFReader
+    from tokenizers.pre_tokenizers import PreTokenizer
 
 GGUF_MAGIC = b"GGUF"
 FILE_MODE = 0o644
@@ -79,7 +84,7 @@ def preset_gguf_path(preset: str) -> Path:
 # --- reading the GGUF -------------------------------------------------------------------------
 
 
-def open_gguf(gguf_path: str | os.PathLike):
+def open_gguf(gguf_path: str | os.PathLike[str]) -> GGUFReader:
     """A `gguf.GGUFReader` for a file that is really a GGUF of the llama architecture."""
     import gguf
 
@@ -102,7 +107,7 @@ def open_gguf(gguf_path: str | os.PathLike):
     return reader
 
 
-def _field(reader, key: str, default=None):
+def _field(reader: GGUFReader, key: str, default: Any = None) -> Any:
     field = reader.fields.get(key)
     return default if field is None else field.contents()
 
@@ -115,7 +120,7 @@ def _f32(value: float) -> float:
 # --- config ------------------------------------------------------------------------------------
 
 
-def build_config(reader) -> dict:
+def build_config(reader: GGUFReader) -> dict[str, Any]:
     """config.json for LlamaForCausalLM, from the `llama.*` metadata."""
     if _field(reader, "llama.expert_count", 0):
         raise ConvertError("mixture-of-experts GGUFs are not supported")
@@ -161,7 +166,7 @@ def build_config(reader) -> dict:
     }
 
 
-def build_generation_config(config: dict) -> dict:
+def build_generation_config(config: dict[str, Any]) -> dict[str, Any]:
     keys = ("bos_token_id", "eos_token_id", "pad_token_id")
     return {key: config[key] for key in keys if config[key] is not None}
 
@@ -209,7 +214,7 @@ def unpermute_rotary_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
     return np.ascontiguousarray(per_head.transpose(0, 2, 1, 3).reshape(rows, cols))
 
 
-def expected_tensor_names(config: dict) -> set[str]:
+def expected_tensor_names(config: dict[str, Any]) -> set[str]:
     names = {"model.embed_tokens.weight", "model.norm.weight"}
     if not config["tie_word_embeddings"]:
         names.add("lm_head.weight")
@@ -218,7 +223,7 @@ def expected_tensor_names(config: dict) -> set[str]:
     return names
 
 
-def check_tensors(reader, config: dict) -> None:
+def check_tensors(reader: GGUFReader, config: dict[str, Any]) -> None:
     """Refuse files whose tensors are not exactly one Llama model's, before writing anything."""
     found = {hf_tensor_name(t.name) for t in reader.tensors}
     missing = sorted(expected_tensor_names(config) - found)
@@ -226,7 +231,7 @@ def check_tensors(reader, config: dict) -> None:
         raise ConvertError(f"GGUF lacks {len(missing)} Llama tensors, e.g. {missing[:3]}")
 
 
-def dequantized_weights(reader, config: dict) -> dict[str, np.ndarray]:
+def dequantized_weights(reader: GGUFReader, config: dict[str, Any]) -> dict[str, np.ndarray]:
     """Every tensor as fp32 in Hugging Face's name and layout."""
     from gguf.quants import dequantize
 
@@ -262,10 +267,10 @@ _LLAMA3_SPLIT = (
 _TOKEN_CONTROL, _TOKEN_USER_DEFINED = 3, 4
 
 
-def _pre_tokenizer(pre: str):
+def _pre_tokenizer(pre: str) -> PreTokenizer:
     from tokenizers import Regex, pre_tokenizers
 
-    def split_then_bytes(pattern):
+    def split_then_bytes(pattern: str) -> PreTokenizer:
         return pre_tokenizers.Sequence(
             [
                 pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
@@ -294,10 +299,10 @@ def _pre_tokenizer(pre: str):
 @dataclass
 class TokenizerFiles:
     tokenizer_json: str
-    tokenizer_config: dict
+    tokenizer_config: dict[str, Any]
 
 
-def build_tokenizer(reader, config: dict) -> TokenizerFiles:
+def build_tokenizer(reader: GGUFReader, config: dict[str, Any]) -> TokenizerFiles:
     """tokenizer.json and tokenizer_config.json from the `tokenizer.ggml.*` metadata."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, processors
 
@@ -306,7 +311,7 @@ def build_tokenizer(reader, config: dict) -> TokenizerFiles:
         raise ConvertError(
             f"tokenizer model {kind!r} is not supported; only byte-level BPE ('gpt2') is"
         )
-    tokens = list(_field(reader, "tokenizer.ggml.tokens"))
+    tokens: list[str] = list(_field(reader, "tokenizer.ggml.tokens"))
     types = list(_field(reader, "tokenizer.ggml.token_type") or [1] * len(tokens))
     merges = [tuple(m.split(" ")) for m in _field(reader, "tokenizer.ggml.merges") or []]
     if len(set(tokens)) != len(tokens):
@@ -322,19 +327,20 @@ def build_tokenizer(reader, config: dict) -> TokenizerFiles:
     tokenizer.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in specials])
     tokenizer.add_tokens([AddedToken(t, normalized=False, special=False) for t in user])
 
-    def token(key):
+    def token(key: str) -> str | None:
         token_id = _field(reader, f"tokenizer.ggml.{key}")
         if token_id is None:
             return None
         if not 0 <= token_id < len(tokens):
             raise ConvertError(f"tokenizer.ggml.{key} = {token_id} is outside the vocabulary")
-        return tokens[token_id]
+        return tokens[int(token_id)]
 
     bos, eos = token("bos_token_id"), token("eos_token_id")
     add_bos = bool(_field(reader, "tokenizer.ggml.add_bos_token", False)) and bos is not None
     add_eos = bool(_field(reader, "tokenizer.ggml.add_eos_token", False)) and eos is not None
     if add_bos or add_eos:
-        head, tail = [bos] if add_bos else [], [eos] if add_eos else []
+        head = [bos] if add_bos and bos is not None else []
+        tail = [eos] if add_eos and eos is not None else []
         tokenizer.post_processor = processors.TemplateProcessing(
             single=[*head, "$A", *tail],
             pair=[*head, "$A", *tail, *head, "$B:1", *tail],
@@ -373,7 +379,7 @@ def build_tokenizer(reader, config: dict) -> TokenizerFiles:
 # --- writing -----------------------------------------------------------------------------------
 
 
-def is_complete(folder: str | os.PathLike) -> bool:
+def is_complete(folder: str | os.PathLike[str]) -> bool:
     """Whether a folder holds every file a conversion writes (folders appear only whole)."""
     folder = Path(folder)
     return all(
@@ -381,7 +387,7 @@ def is_complete(folder: str | os.PathLike) -> bool:
     )
 
 
-def _write_json(path: Path, obj: dict) -> None:
+def _write_json(path: Path, obj: dict[str, Any]) -> None:
     path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
@@ -404,7 +410,7 @@ def _publish(tmp: Path, out: Path, overwrite: bool) -> None:
 
 
 def convert_gguf(
-    gguf_path: str | os.PathLike, out_dir: str | os.PathLike, *, overwrite: bool = False
+    gguf_path: str | os.PathLike[str], out_dir: str | os.PathLike[str], *, overwrite: bool = False
 ) -> Path:
     """Convert one GGUF into a Hugging Face model folder at `out_dir`; returns that folder."""
     out = Path(out_dir).absolute()
@@ -444,7 +450,7 @@ def convert_gguf(
     return out
 
 
-def ensure_converted(preset: str, out_dir: str | os.PathLike) -> Path:
+def ensure_converted(preset: str, out_dir: str | os.PathLike[str]) -> Path:
     """The preset's folder at `out_dir`, converting only when it is not already complete.
 
     Safe for concurrent callers: each converts privately, the first rename wins, the rest reuse it.
@@ -466,7 +472,7 @@ def ensure_converted(preset: str, out_dir: str | os.PathLike) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m inference.engine.convert",
+        prog="python -m inference.engine.formats.convert",
         description="Convert a Llama-architecture GGUF into a Hugging Face model folder (fp32).",
     )
     source = parser.add_mutually_exclusive_group(required=True)

@@ -15,7 +15,7 @@ import math
 import os
 import struct
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import Any, BinaryIO, NoReturn
 
 MAX_HEADER_BYTES = 16 * 1024 * 1024
 
@@ -77,7 +77,7 @@ class SafetensorsHeader:
 
 
 def parse_header(
-    source: str | os.PathLike | BinaryIO | bytes,
+    source: str | os.PathLike[str] | BinaryIO | bytes,
     *,
     file_size: int | None = None,
     max_header_bytes: int = MAX_HEADER_BYTES,
@@ -150,7 +150,7 @@ def _read(f: BinaryIO, n: int) -> bytes:
     return b"".join(chunks)
 
 
-def _decode_json(raw: bytes) -> dict:
+def _decode_json(raw: bytes) -> dict[str, Any]:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -168,13 +168,13 @@ def _decode_json(raw: bytes) -> dict:
     return doc
 
 
-def _no_constant(name: str):
+def _no_constant(name: str) -> NoReturn:
     """Python's json takes NaN/Infinity; JSON (and the Rust safetensors loader) does not."""
     raise HeaderError(f"header is not valid JSON: {name} is not a JSON value")
 
 
-def _no_duplicates(pairs: list[tuple[str, object]]) -> dict:
-    out: dict = {}
+def _no_duplicates(pairs: list[tuple[str, object]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
     for key, value in pairs:
         if key in out:
             raise HeaderError(f"header names {key!r} twice")
@@ -238,7 +238,7 @@ def _check_tiling(tensors: dict[str, TensorInfo], data_size: int) -> None:
         raise HeaderError(f"{data_size - pos} bytes after the last tensor belong to no tensor")
 
 
-def check_finite(path: str | os.PathLike, header: SafetensorsHeader) -> list[str]:
+def check_finite(path: str | os.PathLike[str], header: SafetensorsHeader) -> list[str]:
     """Names of float tensors holding NaN or Inf, read in bounded chunks."""
     bad = []
     with open(path, "rb") as f:

@@ -1,0 +1,1 @@
+"""Offline tools for model files: GGUF to Hugging Face conversion, safetensors headers."""

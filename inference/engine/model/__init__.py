@@ -1,0 +1,1 @@
+"""The Llama model: layers, paged attention, the forward context, the weight loader."""

@@ -1,0 +1,72 @@
+"""Why the serving layer refuses a request: one ApiError class per code.
+
+Raised where the input enters (parsing, limits, model resolution, the engine host) and
+answered by inference/views.py through platform_site/error_responses.py, which also maps
+the engine's own, Django-free exceptions (inference/engine/errors.py).
+"""
+
+from platform_site.errors import ApiError
+
+
+class ProtocolError(ApiError, status=400):
+    """A request body the OpenAI-compatible API cannot honour; `param` names the field."""
+
+
+class InvalidJson(ProtocolError, status=400, code="invalid_json"):
+    """The body is not a JSON object."""
+
+
+class UnknownParameter(ProtocolError, status=400, code="unknown_parameter"):
+    """A parameter OpenAI's API does not have."""
+
+
+class UnsupportedParameter(ProtocolError, status=400, code="unsupported_parameter"):
+    """An OpenAI parameter this server accepts only at its neutral value."""
+
+
+class ContextLengthExceeded(ProtocolError, status=400, code="context_length_exceeded"):
+    """The prompt, or the prompt plus max_tokens, does not fit the model's context."""
+
+
+class RequestTooLarge(ApiError, status=413, code="request_too_large"):
+    """The body is larger than LORAPLEX_MAX_REQUEST_BYTES."""
+
+
+class RateLimited(ApiError, status=429, code="rate_limit_exceeded"):
+    """Too many requests for this key this minute; `Retry-After` says when to come back."""
+
+    def __init__(self, message: str, *, retry_after: int):
+        super().__init__(message, headers={"Retry-After": str(retry_after)})
+        self.retry_after = retry_after
+
+
+class TokensExceeded(RateLimited, status=429, code="tokens_exceeded"):
+    """The tenant used its tokens for this minute."""
+
+
+class ConcurrencyExceeded(RateLimited, status=429, code="concurrency_exceeded"):
+    """The tenant already has its maximum of requests running in this process."""
+
+
+class ModelNotFound(ApiError, status=404, code="model_not_found"):
+    """The same answer whether the model does not exist or belongs to another tenant."""
+
+    def __init__(self, name: str, *, param: str | None = None):
+        message = f"The model '{name}' does not exist or you do not have access to it."
+        super().__init__(message, param=param)
+
+
+class ModelNotServable(ApiError, status=409, code="model_not_servable"):
+    """The name resolves, but to a version that may not run here (not ready, incompatible)."""
+
+
+class EngineUnavailable(ApiError, status=503, code="engine_unavailable"):
+    """No engine in this process: turned off, no base model imported, or it failed to start."""
+
+
+class AdapterUnavailable(ApiError, status=503, code="adapter_unavailable"):
+    """The engine could not load the request's adapter, after the request was accepted."""
+
+
+class OperatorOnly(ApiError, status=403, code="operator_only"):
+    """Neither a staff session nor the operator token (LORAPLEX_OPERATOR_TOKEN)."""

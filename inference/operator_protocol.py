@@ -1,0 +1,29 @@
+"""The operator protocol: what the control plane (registry/engines.py) and each engine's
+operator endpoints (inference/operator.py, inference/urls.py) agree on. Constants only.
+
+Shaped like vLLM's adapter endpoints: POST `{"lora_name": "<tenant>/<adapter>[@alias|:n]"}`
+(registry/model_names.py) to load, unload, pin or unpin; GET the loaded adapters; GET
+/metrics. Engines run in other processes, so calls carry `Authorization: Bearer
+$LORAPLEX_OPERATOR_TOKEN` (a staff session also works when calling an engine directly).
+"""
+
+PREFIX = "/v1/"  # where platform_site/urls.py mounts inference/urls.py
+
+LOAD = "load_lora_adapter"  # load and pin: it stays hot until unpinned
+UNLOAD = "unload_lora_adapter"
+PIN = "pin_lora_adapter"
+UNPIN = "unpin_lora_adapter"
+LIST = "lora_adapters"  # GET: {"object": "list", "data": [{"name", "tier", "pinned", ...}]}
+METRICS_PATH = "/metrics"
+
+LORA_NAME = "lora_name"  # the one field of a POST body, echoed in the answer
+
+
+def path(action: str) -> str:
+    """`pin_lora_adapter` -> `/v1/pin_lora_adapter`, the path an engine answers it on."""
+    return PREFIX + action
+
+
+def authorization(token: str) -> dict[str, str]:
+    """The header the control plane sends; the engine reads it with tenants.keyauth.bearer_token."""
+    return {"Authorization": f"Bearer {token}"}

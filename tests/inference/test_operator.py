@@ -1,0 +1,92 @@
+"""The engine's operator endpoints: one route per action of the shared protocol, staff only.
+
+No engine runs here (LORAPLEX_ENGINE=off): what is tested is routing, authorisation and
+the refusals, which come before the engine is touched.
+"""
+
+import pytest
+from django.test import Client
+from django.urls import Resolver404, resolve
+
+from inference import operator_protocol as protocol
+from inference import views
+from inference.errors import ModelNotFound, ProtocolError
+from inference.operator import resolve_operator_name
+
+pytestmark = pytest.mark.django_db
+TOKEN = "operator-secret"
+
+
+@pytest.fixture(autouse=True)
+def no_engine(settings):
+    settings.ENGINE_ENABLED = False
+    settings.OPERATOR_TOKEN = TOKEN
+
+
+def call(method: str, action: str, token: str | None = TOKEN, body=None):
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    client = Client()
+    if method == "GET":
+        return client.get(protocol.path(action), headers=headers)
+    return client.post(
+        protocol.path(action), body or {}, content_type="application/json", headers=headers
+    )
+
+
+def test_each_protocol_action_has_its_own_view():
+    routes = {
+        protocol.LOAD: views.load_lora_adapter,
+        protocol.UNLOAD: views.unload_lora_adapter,
+        protocol.PIN: views.pin_lora_adapter,
+        protocol.UNPIN: views.unpin_lora_adapter,
+        protocol.LIST: views.lora_adapters,
+    }
+    for action, view in routes.items():
+        assert resolve(protocol.path(action)).func is view, action
+
+
+def test_an_unknown_operator_path_is_not_answered_by_the_operator_views():
+    with pytest.raises(Resolver404):
+        resolve(protocol.path("frobnicate_lora_adapter"))
+    assert call("POST", "frobnicate_lora_adapter").status_code == 404
+
+
+@pytest.mark.parametrize("action", [protocol.LOAD, protocol.PIN, protocol.LIST])
+def test_operator_endpoints_need_the_token_or_staff(action):
+    method = "GET" if action == protocol.LIST else "POST"
+    missing = call(method, action, token=None)
+    assert missing.status_code == 401 and missing.json()["error"]["code"] == "missing_api_key"
+    wrong = call(method, action, token="guess")
+    assert wrong.status_code == 403 and wrong.json()["error"]["code"] == "operator_only"
+
+
+def test_the_wrong_method_is_405_naming_the_right_one():
+    response = call("GET", protocol.PIN)
+    assert response.status_code == 405 and response["Allow"] == "POST"
+    assert response.json()["error"]["code"] == "method_not_allowed"
+
+
+def test_without_an_engine_actions_are_503_and_the_listing_is_empty():
+    response = call("POST", protocol.PIN, body={protocol.LORA_NAME: "tenant-a/bot"})
+    assert response.status_code == 503 and response.json()["error"]["code"] == "engine_unavailable"
+    assert call("GET", protocol.LIST).json() == {"object": "list", "data": []}
+
+
+def test_a_staff_session_is_an_operator(django_user_model):
+    staff = django_user_model.objects.create_user("ops", password="pw", is_staff=True)
+    client = Client()
+    client.force_login(staff)
+    assert client.get(protocol.path(protocol.LIST)).status_code == 200
+
+
+@pytest.mark.parametrize("name", [None, "bot", "tenant-a/", "tenant-a/Bot", 42])
+def test_a_lora_name_must_be_qualified(name):
+    with pytest.raises(ProtocolError) as caught:
+        resolve_operator_name(name)
+    assert caught.value.param == protocol.LORA_NAME
+
+
+def test_an_unknown_tenant_is_model_not_found(db):
+    with pytest.raises(ModelNotFound) as caught:
+        resolve_operator_name("ghost/bot")
+    assert caught.value.param == protocol.LORA_NAME and "ghost/bot" in caught.value.message
