@@ -1,10 +1,13 @@
-"""Who calls the OpenAI-compatible API: a Bearer key with the `inference` scope, or a signed-in
-member (the web playground) whose request carries the CSRF token.
+"""Who calls the serving layer: a Bearer key with the `inference` scope, or a signed-in member
+(the web playground) whose request carries the CSRF token; Prometheus with the metrics token.
 
-The OpenAI endpoints are CSRF-exempt because API clients send no cookies; a session
-caller therefore gets the CSRF check here, exactly as DRF does for its session auth.
+The OpenAI and operator endpoints are CSRF-exempt because API clients send no cookies; a
+session caller therefore gets the CSRF check here, exactly as DRF does for its session auth.
 """
 
+import hmac
+
+from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from django.middleware.csrf import CsrfViewMiddleware
 
@@ -12,6 +15,8 @@ from tenants.keyauth import CsrfFailed, InsufficientScope, api_key_from_header
 from tenants.principal import SESSION_TENANT, TENANT_HEADER, Principal, principal_for
 from tenants.scopes import INFERENCE
 from tenants.services import api_key_touch
+
+from .errors import MetricsTokenRequired
 
 
 class _CsrfCheck(CsrfViewMiddleware):
@@ -24,14 +29,19 @@ def _no_view(request: HttpRequest) -> HttpResponse:
     raise NotImplementedError
 
 
+def require_csrf(request) -> None:
+    """A session caller's unsafe request must carry the page's CSRF token (safe methods pass)."""
+    reason = _CsrfCheck(_no_view).process_view(request, _no_view, (), {})
+    if reason:
+        raise CsrfFailed(f"CSRF check failed: {reason}.")
+
+
 def inference_principal(request, *, scope: str = INFERENCE) -> Principal:
     """Runs in a thread (it reads the database). Raises a KeyRejected saying why not."""
     header = request.META.get("HTTP_AUTHORIZATION")
     user = getattr(request, "user", None)
     if not header and user is not None and user.is_authenticated:
-        reason = _CsrfCheck(_no_view).process_view(request, _no_view, (), {})
-        if reason:
-            raise CsrfFailed(f"CSRF check failed: {reason}.")
+        require_csrf(request)
         slug = request.META.get(TENANT_HEADER) or request.session.get(SESSION_TENANT)
         principal = principal_for(user=user, tenant_slug=slug)
     else:
@@ -41,3 +51,18 @@ def inference_principal(request, *, scope: str = INFERENCE) -> Principal:
     if not principal.has_scope(scope):
         raise InsufficientScope(principal.missing_scope_message(scope))
     return principal
+
+
+def authorize_scrape(request) -> None:
+    """With LORAPLEX_METRICS_TOKEN set, /metrics answers only `Authorization: Bearer <it>`."""
+    token = settings.METRICS_TOKEN
+    if not token:
+        return  # the embedded default: open, and without adapter names (inference/metrics.py)
+    scheme, _, given = (request.META.get("HTTP_AUTHORIZATION") or "").strip().partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(
+        given.strip().encode(), token.encode()
+    ):
+        raise MetricsTokenRequired(
+            "/metrics needs 'Authorization: Bearer <LORAPLEX_METRICS_TOKEN>' "
+            "(Prometheus: `authorization` in the scrape config)."
+        )

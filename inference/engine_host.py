@@ -4,10 +4,15 @@
 replica runs with LORAPLEX_ENGINE=off and never loads a model. Adapters reach the engine
 as LoRARequests naming a staged folder; on a cache miss the engine calls `_fetch_adapter`
 (off its step thread), which stages the version from object storage once.
+
+If the engine's step loop fails, the engine is dead (inference/engine/async_engine.py): its
+requests end with `engine_unavailable`, /readyz turns 503, and `on_failure` (set by `serve`)
+stops the server so that the process exits for its supervisor to restart.
 """
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -37,6 +42,8 @@ class EngineHost:
         self.engine: AsyncLLMEngine | None = None
         self.model: ServedModel | None = None
         self.error: str | None = None
+        self.failed = False  # the step loop died: only a new process serves again
+        self.on_failure: Callable[[], None] | None = None
 
     @property
     def started(self) -> bool:
@@ -57,7 +64,7 @@ class EngineHost:
                     "This replica serves the control plane only (LORAPLEX_ENGINE=off)."
                 )
             try:
-                self.engine, self.model = _build_engine()
+                self.engine, self.model = _build_engine(on_failure=self._engine_failed)
                 self.error = None
             except EngineUnavailable as exc:
                 self.error = str(exc)
@@ -67,6 +74,13 @@ class EngineHost:
                 self.error = f"{type(exc).__name__}: {exc}"
                 raise EngineUnavailable(f"The engine failed to start: {self.error}") from exc
             return self.engine
+
+    def _engine_failed(self, error: BaseException) -> None:
+        """On the step thread, once: the engine refuses everything from now on."""
+        self.failed = True
+        self.error = f"the engine's step loop failed ({type(error).__name__})"
+        if self.on_failure is not None:
+            self.on_failure()
 
     def stats(self) -> dict | None:
         return self.engine.stats() if self.engine is not None else None
@@ -78,7 +92,7 @@ class EngineHost:
             engine.shutdown(timeout)
 
 
-def _build_engine():
+def _build_engine(on_failure: Callable[[BaseException], None]):
     from inference.engine import AsyncLLMEngine, EngineConfig, LLMEngine
     from registry.selectors import base_model_served
 
@@ -92,7 +106,7 @@ def _build_engine():
             f"LORAPLEX_BASE_MODEL is {settings.BASE_MODEL_NAME!r} but the served base model is {base.name!r}."
         )
     config = EngineConfig(model=base.local_path, **settings.ENGINE_OPTIONS)
-    engine = AsyncLLMEngine(LLMEngine(config, lora_loader=_fetch_adapter))
+    engine = AsyncLLMEngine(LLMEngine(config, lora_loader=_fetch_adapter), on_failure=on_failure)
     logger.info("engine started: %s (%s) on %s", base.name, base.revision[:12], config.device)
     return engine, ServedModel(name=base.name, revision=base.revision, path=Path(base.local_path))
 
@@ -118,7 +132,7 @@ def check_engine() -> None:
     if HOST.engine is None:
         raise EngineUnavailable(HOST.error or "the engine has not started")
     if not HOST.engine.is_alive():
-        raise EngineUnavailable("the engine's step loop has stopped")
+        raise EngineUnavailable(HOST.error if HOST.failed else "the engine's step loop has stopped")
 
 
 def host_engine_in_this_process():

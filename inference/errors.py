@@ -28,10 +28,6 @@ class ContextLengthExceeded(ProtocolError, status=400, code="context_length_exce
     """The prompt, or the prompt plus max_tokens, does not fit the model's context."""
 
 
-class RequestTooLarge(ApiError, status=413, code="request_too_large"):
-    """The body is larger than LORAPLEX_MAX_REQUEST_BYTES."""
-
-
 class RateLimited(ApiError, status=429, code="rate_limit_exceeded"):
     """Too many requests for this key this minute; `Retry-After` says when to come back."""
 
@@ -69,4 +65,13 @@ class AdapterUnavailable(ApiError, status=503, code="adapter_unavailable"):
 
 
 class OperatorOnly(ApiError, status=403, code="operator_only"):
-    """Neither a staff session nor the operator token (LORAPLEX_OPERATOR_TOKEN)."""
+    """Neither the operator token (LORAPLEX_OPERATOR_TOKEN) nor a staff session with the
+    registry.operate_engines permission."""
+
+
+class MetricsTokenRequired(ApiError, status=401, code="metrics_token_required"):
+    """/metrics without `Authorization: Bearer $LORAPLEX_METRICS_TOKEN`, when that is set."""
+
+    def __init__(self, message: str | None = None, **kwargs):
+        super().__init__(message, **kwargs)
+        self.headers.setdefault("WWW-Authenticate", 'Bearer realm="loraplex"')

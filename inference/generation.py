@@ -3,9 +3,11 @@
 `prepare` does everything that can refuse a request (auth, parsing, limits, model
 resolution, tokenizing) before anything reaches the engine, so a refusal costs the engine
 nothing; each refusal is an ApiError (inference/errors.py) or one of the engine's own,
-which the view answers through platform_site/error_responses.py. `respond_json` and
-`respond_stream` then drive the engine's async stream; every request, however it ends,
-leaves one usage record and releases its concurrency slot.
+which the view answers through platform_site/error_responses.py. Rendering and tokenizing
+a prompt run in a worker thread (a megabyte takes the best part of a second), after a
+length check that needs no tokenizer. `respond_json` and `respond_stream` then drive the
+engine's async stream; every request, however it ends (even a client gone before its
+stream began), leaves one usage record and releases its concurrency slot, once.
 """
 
 import asyncio
@@ -19,13 +21,15 @@ from django.conf import settings
 
 from inference.engine import EngineRequest, SamplingParams
 from platform_site.error_responses import error_body, to_api_error
+from platform_site.errors import RequestTooLarge
+from platform_site.request_end import on_request_end
 from tenants.models import UsageRecord
 from tenants.principal import Principal
 
 from . import ratelimit, usage
 from .auth import inference_principal
 from .engine_host import HOST
-from .errors import ContextLengthExceeded, ProtocolError, RequestTooLarge
+from .errors import ContextLengthExceeded, ProtocolError
 from .metrics import HTTP_REQUESTS
 from .openai_protocol import load_json, parse_chat_request, parse_completion_request
 from .openai_responses import SSE_DONE, CompletionBuilder, sse
@@ -50,6 +54,8 @@ class Prepared:
     started: float = field(default_factory=time.monotonic)
     first_token_at: float | None = None
     outputs: "RequestStream" = field(init=False)  # set by prepare() once the engine took it
+    finished: bool = False  # _finish ran: the slot is released and the usage recorded
+    reservation: ratelimit.Reservation | None = None  # tokens set aside, settled by _finish
 
 
 async def prepare(request, kind: str) -> Prepared:
@@ -61,8 +67,7 @@ async def prepare(request, kind: str) -> Prepared:
         )
     body = load_json(request.body)
     parsed = parse_chat_request(body) if kind == "chat" else parse_completion_request(body)
-    if principal.api_key is not None:
-        await sync_to_async(ratelimit.check_request_rate)(key_id=principal.api_key.prefix)
+    await sync_to_async(ratelimit.check_request_rate)(principal=principal)
     await sync_to_async(ratelimit.check_token_budget)(tenant_id=principal.tenant.id)
     engine = HOST.engine or await sync_to_async(HOST.start, thread_sensitive=False)()
     assert HOST.model is not None, "set together with the engine"
@@ -70,7 +75,8 @@ async def prepare(request, kind: str) -> Prepared:
         tenant=principal.tenant, name=parsed.model, base_model_name=HOST.model.name
     )
     llm = engine.engine
-    prompt_ids = _prompt_ids(llm.tokenizer, parsed)
+    _refuse_overlong_text(parsed, llm)
+    prompt_ids = await sync_to_async(_prompt_ids, thread_sensitive=False)(llm.tokenizer, parsed)
     room = llm.max_seq_len - len(prompt_ids)
     if room < 1:
         raise ContextLengthExceeded(
@@ -106,11 +112,33 @@ async def prepare(request, kind: str) -> Prepared:
     )
     ratelimit.acquire_slot(principal.tenant.id)
     try:
+        prepared.reservation = await sync_to_async(ratelimit.reserve_tokens)(
+            tenant_id=principal.tenant.id, tokens=len(prompt_ids) + max_tokens
+        )
         prepared.outputs = _start(prepared)  # the engine validates here: errors are still 4xx
     except BaseException:
         ratelimit.release_slot(principal.tenant.id)
+        ratelimit.settle_tokens(prepared.reservation, used=0)
         raise
+    _finish_when_the_request_ends(prepared)
     return prepared
+
+
+def _refuse_overlong_text(parsed, llm) -> None:
+    """No token covers more than `max_token_chars` characters, so a longer text cannot fit
+    the context however it tokenizes: refuse it without spending a second tokenizing it."""
+    if isinstance(parsed.prompt, list):
+        size, unit, bound = len(parsed.prompt), "tokens", llm.max_seq_len - 1
+    else:
+        texts = [m["content"] for m in parsed.messages] if parsed.messages else [parsed.prompt]
+        size, unit = sum(len(t) for t in texts), "characters"
+        bound = llm.max_seq_len * llm.tokenizer.max_token_chars
+    if size > bound:
+        raise ContextLengthExceeded(
+            f"The prompt is {size} {unit}; this model's context holds {llm.max_seq_len} tokens "
+            "including at least one generated token.",
+            param="messages" if parsed.messages is not None else "prompt",
+        )
 
 
 def _prompt_ids(tokenizer, parsed) -> list[int]:
@@ -127,6 +155,20 @@ def _prompt_ids(tokenizer, parsed) -> list[int]:
             )
         return list(parsed.prompt)
     return tokenizer.encode(parsed.prompt)
+
+
+def _finish_when_the_request_ends(prepared: Prepared) -> None:
+    """A client gone between `prepare` and the stream's first byte cancels the view (or the
+    middleware after it) with the body never started, so its `finally` never runs. The
+    request's end comes after every task serving it has ended (platform_site/request_end.py):
+    unfinished then, nobody read the outputs."""
+
+    def ended() -> None:
+        if not prepared.finished:
+            prepared.outputs.close()  # aborts the engine request
+            _finish(prepared, UsageRecord.ABORTED)
+
+    on_request_end(ended)
 
 
 def _start(prepared: Prepared):
@@ -174,7 +216,7 @@ async def respond_stream(prepared: Prepared):
             yield sse(builder.usage_chunk())
         yield SSE_DONE
         status = UsageRecord.ABORTED if builder.finish_reason == "abort" else UsageRecord.OK
-    except asyncio.CancelledError:
+    except (asyncio.CancelledError, GeneratorExit):  # the client went away (mid-yield: closed)
         status = UsageRecord.ABORTED
         raise
     except (
@@ -192,10 +234,14 @@ def _note_first_token(prepared: Prepared, out):
 
 
 def _finish(prepared: Prepared, status: str):
+    if prepared.finished:
+        return
+    prepared.finished = True
     ratelimit.release_slot(prepared.principal.tenant.id)
     b = prepared.builder
-    ratelimit.charge_tokens(
-        tenant_id=prepared.principal.tenant.id, tokens=b.prompt_tokens + b.completion_tokens
+    ratelimit.settle_tokens(
+        prepared.reservation,
+        used=(b.prompt_tokens or len(prepared.prompt_ids)) + b.completion_tokens,
     )
     HTTP_REQUESTS.labels(endpoint=prepared.kind, status=status).inc()
     now = time.monotonic()

@@ -3,11 +3,13 @@
 Engine numbers are read from the engine's own counters at scrape time (a custom
 collector), so the step thread never touches prometheus_client. Web-layer numbers
 (requests by status and endpoint) are plain prometheus_client counters. No key, user or
-tenant ids become labels: their number is unbounded.
+tenant ids become labels: their number is unbounded. Adapter names (`tenant/adapter`) appear
+only in the router gauge, and only when scrapers must send LORAPLEX_METRICS_TOKEN.
 """
 
 import time
 
+from django.conf import settings
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
@@ -17,6 +19,12 @@ HTTP_REQUESTS = Counter(
     "loraplex_http_requests",
     "OpenAI-compatible API requests by endpoint and HTTP status.",
     ["endpoint", "status"],
+    registry=REGISTRY,
+)
+
+RATELIMIT_BACKEND_ERRORS = Counter(
+    "loraplex_ratelimit_backend_errors",
+    "Rate-limit operations the shared cache (Redis) failed; the request was served unlimited.",
     registry=REGISTRY,
 )
 
@@ -141,6 +149,9 @@ def _vllm_compatible(stats: dict):
         "vllm:kv_cache_usage_perc", "KV cache usage, 0-1 (vLLM-compatible).", used / max(total, 1)
     )
     lora = stats.get("lora") or {}
+    running, waiting = lora.get("running_adapters", []), lora.get("waiting_adapter_names", [])
+    if not adapter_names_shown():
+        running, waiting = [], []  # the gauge stays, for routers; the tenants' names go
     info = GaugeMetricFamily(
         "vllm:lora_requests_info",
         "Running and waiting adapters (vLLM-compatible).",
@@ -148,13 +159,18 @@ def _vllm_compatible(stats: dict):
     )
     info.add_metric(
         [
-            ",".join(lora.get("running_adapters", [])),
-            ",".join(lora.get("waiting_adapter_names", [])),
+            ",".join(running),
+            ",".join(waiting),
             str(lora.get("slots_total", 0)),
         ],
         time.time(),  # as vLLM does: routers read the newest sample
     )
     yield info
+
+
+def adapter_names_shown() -> bool:
+    """Names tell who the tenants are and what they run: only for scrapers holding the token."""
+    return bool(settings.METRICS_TOKEN)
 
 
 def _gauge(name, doc, value):

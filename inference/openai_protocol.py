@@ -12,6 +12,10 @@ from .errors import InvalidJson, ProtocolError, UnknownParameter, UnsupportedPar
 
 MAX_TOP_LOGPROBS = 20
 MAX_STOP_SEQUENCES = 4
+# Every number has bounds, so none reaches torch (or a C long) out of range: a seed seeds a
+# torch.Generator, which takes 64 bits; the engine draws its own seeds from 63 of them.
+MAX_SEED = 2**63 - 1
+MAX_COUNT = 2**31 - 1  # max_tokens, top_k: far beyond any context or vocabulary
 
 # Accepted only at their neutral value: anything else would change the answer in a way
 # the engine does not implement.
@@ -89,8 +93,10 @@ class GenerationRequest:
 def load_json(raw: bytes) -> dict:
     try:
         body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except ValueError as exc:  # bad JSON or UTF-8, or an integer of more than 4300 digits
         raise InvalidJson(f"The request body is not valid JSON: {exc}.") from None
+    except RecursionError:
+        raise InvalidJson("The request body is nested too deeply.") from None
     if not isinstance(body, dict):
         raise InvalidJson("The request body must be a JSON object.")
     return body
@@ -181,14 +187,18 @@ def _parse_common(body: dict) -> GenerationRequest:
     top_k = body.get("top_k")
     if top_k is not None:
         _require(
-            _is_int(top_k) and (top_k == -1 or top_k >= 1),
-            "top_k must be -1 (off) or a positive integer.",
+            _is_int(top_k) and (top_k == -1 or 1 <= top_k <= MAX_COUNT),
+            f"top_k must be -1 (off) or an integer from 1 to {MAX_COUNT}.",
             "top_k",
         )
         request.top_k = top_k
     seed = body.get("seed")
     if seed is not None:
-        _require(_is_int(seed), "seed must be an integer.", "seed")
+        _require(
+            _is_int(seed) and 0 <= seed <= MAX_SEED,
+            f"seed must be an integer from 0 to {MAX_SEED} (2**63 - 1).",
+            "seed",
+        )
         request.seed = seed
     request.stop = _parse_stop(body.get("stop"))
     ignore_eos = body.get("ignore_eos", False)
@@ -224,7 +234,7 @@ def _parse_messages(messages) -> list[dict]:
         _require(isinstance(message, dict), f"{where} must be an object.", where)
         role = message.get("role")
         _require(
-            role in CHAT_ROLES,
+            isinstance(role, str) and role in CHAT_ROLES,
             f"{where}.role must be one of {', '.join(sorted(CHAT_ROLES))}; got {role!r}.",
             f"{where}.role",
         )
@@ -283,7 +293,11 @@ def _parse_prompt(prompt) -> str | list[int]:
 def _optional_positive_int(value, param: str) -> int | None:
     if value is None:
         return None
-    _require(_is_int(value) and value >= 1, f"{param} must be a positive integer.", param)
+    _require(
+        _is_int(value) and 1 <= value <= MAX_COUNT,
+        f"{param} must be an integer from 1 to {MAX_COUNT}.",
+        param,
+    )
     return value
 
 

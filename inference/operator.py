@@ -1,4 +1,5 @@
-"""The engine's side of the operator protocol (inference/operator_protocol.py), for staff only.
+"""The engine's side of the operator protocol (inference/operator_protocol.py), for operators
+only: the operator token, or a staff session with the `registry.operate_engines` permission.
 
 `lora_name` names a registry version as `<tenant>/<adapter>[@alias|:n]`
 (registry/model_names.py), so an operator warms exactly what tenants' requests will resolve
@@ -11,23 +12,47 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 
 from registry.model_names import parse_qualified_name
+from registry.permissions import OPERATE_ENGINES, can_operate_engines
 from tenants.keyauth import bearer_token
 from tenants.models import Tenant
 
+from .auth import require_csrf
 from .engine_host import HOST
 from .errors import ModelNotFound, OperatorOnly, ProtocolError
 from .operator_protocol import LORA_NAME
 from .resolution import resolve_model
 
+# What the listing shows of each adapter; not where its files sit on the engine's disk.
+LISTED_FIELDS = (
+    "name",
+    "adapter_id",
+    "tier",
+    "slot",
+    "pinned",
+    "loading",
+    "rank",
+    "running",
+    "waiting",
+)
+
 
 def authorize(request) -> None:
+    """A session (no Authorization header) needs the permission and, to change anything, the
+    page's CSRF token: a staff member's browser must not be driven by another site."""
+    header = request.META.get("HTTP_AUTHORIZATION")
     user = getattr(request, "user", None)
-    if user is not None and user.is_authenticated and user.is_staff:
+    if not header and user is not None and user.is_authenticated:
+        if not can_operate_engines(user):
+            raise OperatorOnly(f"Operator endpoints need the {OPERATE_ENGINES} permission.")
+        require_csrf(request)
         return
-    given = bearer_token(request.META.get("HTTP_AUTHORIZATION"))
+    given = bearer_token(header)
     token = settings.OPERATOR_TOKEN
     if not token or not hmac.compare_digest(given.encode(), token.encode()):
-        raise OperatorOnly("Operator endpoints need a staff session or the operator token.")
+        raise OperatorOnly(
+            "Operator endpoints need the operator token, or a staff session with the "
+            f"{OPERATE_ENGINES} permission."
+        )
 
 
 def resolve_operator_name(lora_name) -> object:
@@ -66,10 +91,16 @@ async def unload(lora_name) -> None:
 
 
 async def set_pinned(lora_name, *, pinned: bool) -> None:
+    """Pinning an adapter the engine has not loaded yet loads it (the admin pins versions
+    before their first request); unpinning one it does not hold is a 400 from the engine."""
     engine, lora = await _engine_and_adapter(lora_name)
-    await engine.pin_lora(lora.adapter_id, pinned=pinned)
+    if pinned:
+        await engine.load_lora(lora, pin=True)
+    else:
+        await engine.pin_lora(lora.adapter_id, pinned=False)
 
 
 async def list_adapters() -> list[dict]:
     engine = HOST.engine
-    return [] if engine is None else await engine.list_loras()
+    loaded = [] if engine is None else await engine.list_loras()
+    return [{k: v for k, v in adapter.items() if k in LISTED_FIELDS} for adapter in loaded]

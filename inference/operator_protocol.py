@@ -4,7 +4,8 @@ operator endpoints (inference/operator.py, inference/urls.py) agree on. Constant
 Shaped like vLLM's adapter endpoints: POST `{"lora_name": "<tenant>/<adapter>[@alias|:n]"}`
 (registry/model_names.py) to load, unload, pin or unpin; GET the loaded adapters; GET
 /metrics. Engines run in other processes, so calls carry `Authorization: Bearer
-$LORAPLEX_OPERATOR_TOKEN` (a staff session also works when calling an engine directly).
+$LORAPLEX_OPERATOR_TOKEN`, and /metrics `$LORAPLEX_METRICS_TOKEN` (a staff session with the
+`registry.operate_engines` permission also works when calling an engine directly).
 """
 
 PREFIX = "/v1/"  # where platform_site/urls.py mounts inference/urls.py

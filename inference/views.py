@@ -16,7 +16,7 @@ from tenants.scopes import INFERENCE
 
 from . import metrics, operator
 from . import operator_protocol as protocol
-from .auth import inference_principal
+from .auth import authorize_scrape, inference_principal
 from .generation import prepare, respond_json, respond_stream
 from .models_list import models_for_tenant
 from .openai_protocol import load_json
@@ -76,7 +76,10 @@ async def models(request):
     return JsonResponse({"object": "list", "data": data})
 
 
+@json_endpoint
 async def prometheus_metrics(request):
+    require_method(request, "GET")
+    authorize_scrape(request)
     return HttpResponse(metrics.render(), content_type="text/plain; version=0.0.4; charset=utf-8")
 
 

@@ -11,6 +11,7 @@ import logging
 import uuid
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.core.exceptions import RequestDataTooBig
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.http import Http404, JsonResponse
 from rest_framework import exceptions as drf
@@ -58,6 +59,7 @@ DRF_ERRORS = {
     DjangoValidationError: errors.ApiError,
     DjangoPermissionDenied: errors.InsufficientPermissions,
     Http404: errors.NotFound,
+    RequestDataTooBig: errors.RequestTooLarge,  # a form field past DATA_UPLOAD_MAX_MEMORY_SIZE
 }
 # Answered in our words: DRF's NotAuthenticated does not say what to send, and a 404's
 # own text could tell another tenant's object from a missing one.
@@ -65,6 +67,7 @@ _OWN_WORDS = {
     drf.NotAuthenticated: NO_CREDENTIALS,
     Http404: "Not found.",
     DjangoPermissionDenied: "You do not have permission to perform this action.",
+    RequestDataTooBig: "A form field is larger than this server accepts (LORAPLEX_MAX_REQUEST_BYTES).",
 }
 
 

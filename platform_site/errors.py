@@ -66,5 +66,13 @@ class UnsupportedMediaType(ApiError, status=415, code="unsupported_media_type"):
     """The body's `Content-Type` is not one the endpoint reads."""
 
 
+class RequestTooLarge(ApiError, status=413, code="request_too_large"):
+    """The body is larger than LORAPLEX_MAX_REQUEST_BYTES (refused before it is read)."""
+
+
+class RequestTimeout(ApiError, status=408, code="request_timeout"):
+    """The body stopped arriving for LORAPLEX_BODY_TIMEOUT_SECONDS."""
+
+
 class InternalError(ApiError, status=500, code="internal_error"):
     """A bug or a broken dependency, never the caller's fault; the message carries the id logged."""

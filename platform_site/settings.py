@@ -19,7 +19,8 @@ PRODUCTION = LORAPLEX_ENV == "production"
 VAR_DIR = Path(env.str("LORAPLEX_VAR_DIR", default=str(BASE_DIR / "var"))).resolve()
 VAR_DIR.mkdir(parents=True, exist_ok=True)
 
-DEBUG = env.bool("DEBUG", default=not PRODUCTION)
+# Opt-in only: debug pages show settings and tracebacks to whoever triggers an error.
+DEBUG = env.bool("DEBUG", default=False)
 if PRODUCTION:
     SECRET_KEY = env.str("SECRET_KEY")  # required: a missing key fails loudly at start-up
     ALLOWED_HOSTS = env.list("ALLOWED_HOSTS")
@@ -46,6 +47,7 @@ INSTALLED_APPS = [
     "registry",
     "inference",
     "web",
+    "platform_site.apps.PlatformSiteConfig",  # the production checks (platform_site/checks.py)
 ]
 
 MIDDLEWARE = [
@@ -80,7 +82,20 @@ TEMPLATES = [
 
 DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'loraplex.sqlite3'}")}
 DATABASES["default"]["CONN_MAX_AGE"] = env.int("CONN_MAX_AGE", default=0)
+# A reused connection is checked before each request: a database restart costs no request.
+DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # A server and a worker write the same file: WAL lets readers run beside the writer,
+    # IMMEDIATE takes the write lock when a transaction begins (a read-then-write one can
+    # then wait its turn instead of failing with "database is locked"), and a writer waits
+    # up to `timeout` seconds for the lock.
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        {
+            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+            "transaction_mode": "IMMEDIATE",
+            "timeout": 20,
+        }
+    )
     # A file, not memory, so a worker process started by a test sees the test database.
     DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test.sqlite3")}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
@@ -100,6 +115,9 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "static"
 STATIC_ROOT.mkdir(exist_ok=True)
+# Outside production the apps' static files are served as they are, without collectstatic
+# (DEBUG used to imply this); production serves STATIC_ROOT, collected when the image builds.
+WHITENOISE_USE_FINDERS = not PRODUCTION
 LOGIN_URL = "/login/"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/login/"
@@ -152,6 +170,11 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
     _default_result_backend = f"file://{BROKER_DIR / 'results'}"
 else:
     _default_result_backend = CELERY_BROKER_URL if CELERY_BROKER_URL.startswith("redis") else ""
+    # A task taken by a worker that dies without a word (SIGKILL, a lost node) goes back to
+    # the queue after this many seconds; keep it above the longest task (the hard limit).
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "visibility_timeout": env.int("LORAPLEX_BROKER_VISIBILITY_TIMEOUT", default=3600)
+    }
 CELERY_RESULT_BACKEND = env.str("CELERY_RESULT_BACKEND", default=_default_result_backend) or None
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
@@ -181,6 +204,10 @@ TASK_RETRIES = env.int("LORAPLEX_TASK_RETRIES", default=5)
 TASK_RETRY_BACKOFF_SECONDS = env.float("LORAPLEX_TASK_RETRY_BACKOFF_SECONDS", default=2.0)
 TASK_RETRY_BACKOFF_MAX = env.float("LORAPLEX_TASK_RETRY_BACKOFF_MAX", default=300.0)
 TASK_SOFT_TIME_LIMIT = env.int("LORAPLEX_TASK_SOFT_TIME_LIMIT", default=600)
+# Per-tenant quotas on the registry (0: no limit); a tenant's own value in the admin wins.
+QUOTA_PENDING_VERSIONS = env.int("LORAPLEX_QUOTA_PENDING_VERSIONS", default=10)
+QUOTA_UPLOADS_PER_HOUR = env.int("LORAPLEX_QUOTA_UPLOADS_PER_HOUR", default=60)
+QUOTA_ADAPTER_BYTES = env.int("LORAPLEX_QUOTA_ADAPTER_BYTES", default=20 * 1024**3)
 CELERY_BEAT_SCHEDULE = {
     "registry-sweep-stuck-validations": {
         "task": "registry.sweep_stuck_validations",
@@ -192,7 +219,12 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 REDIS_URL = env.str("REDIS_URL", default="")
 CACHES = {
     "default": (
-        {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}
+        {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": REDIS_URL,
+            # Rate limits fail open when Redis is down (inference/ratelimit.py): fail fast.
+            "OPTIONS": {"socket_connect_timeout": 1.0, "socket_timeout": 1.0},
+        }
         if REDIS_URL
         else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
     )
@@ -206,6 +238,11 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "platform_site.error_responses.openai_exception_handler",
+    "DEFAULT_PARSER_CLASSES": [
+        "platform_site.parsers.JSONParser",  # DRF's, but too deep a nesting is a 400 too
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
     "UNAUTHENTICATED_USER": None,
 }
 SPECTACULAR_SETTINGS = {
@@ -216,6 +253,11 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # The OpenAI-compatible /v1 endpoints are plain async views: described in inference/openapi.py.
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "inference.openapi.add_v1_paths",
+    ],
 }
 
 if PRODUCTION:
@@ -261,6 +303,16 @@ TENANT_MAX_CONCURRENCY = env.int(
     "LORAPLEX_TENANT_MAX_CONCURRENCY", default=32
 )  # per process; 0 = off
 MAX_REQUEST_BYTES = env.int("LORAPLEX_MAX_REQUEST_BYTES", default=1024 * 1024)
+# Bodies are bounded before Django reads them (platform_site/body_limits.py): every route
+# but the adapter upload takes MAX_REQUEST_BYTES, and Django's own check agrees with it.
+DATA_UPLOAD_MAX_MEMORY_SIZE = MAX_REQUEST_BYTES
+BODY_TIMEOUT_SECONDS = env.float("LORAPLEX_BODY_TIMEOUT_SECONDS", default=30.0)
+# `serve` (uvicorn): open connections per process (503 beyond; 0 = no limit), idle keep-alive.
+MAX_CONNECTIONS = env.int("LORAPLEX_MAX_CONNECTIONS", default=1000)
+KEEPALIVE_SECONDS = env.int("LORAPLEX_KEEPALIVE_SECONDS", default=5)
 OPERATOR_TOKEN = env.str("LORAPLEX_OPERATOR_TOKEN", default="")
+# Set: /metrics answers only `Authorization: Bearer <token>`, adapter names included.
+# Unset (the embedded default): /metrics answers anyone, without tenant or adapter names.
+METRICS_TOKEN = env.str("LORAPLEX_METRICS_TOKEN", default="")
 # Operators' admin: the engine processes' operator endpoints (pin/unpin, loaded adapters, metrics).
 ENGINE_URLS = [u.rstrip("/") for u in env.list("LORAPLEX_ENGINE_URLS", default=[])]

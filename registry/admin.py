@@ -1,6 +1,12 @@
-"""Operators' admin for the registry. Every change goes through a service, so it is audited."""
+"""Operators' admin for the registry. Every change goes through a service, so it is audited.
+
+Each action names the permission it needs (`permissions=`), so a staff user who may only view
+sees no actions and a forged POST of one is refused: changing state needs the model's change
+permission, touching the engines `registry.operate_engines` (registry/permissions.py).
+"""
 
 from django.contrib import admin, messages
+from django.contrib.auth import get_permission_codename
 from django.db.models import Count
 from django.utils.html import format_html, format_html_join
 
@@ -11,6 +17,7 @@ from .errors import RegistryError
 from .model_names import alias_name, version_name
 from .models import Adapter, AdapterVersion, Alias, BaseModel
 from .names import PRODUCTION
+from .permissions import OPERATE_ENGINES_CODENAME, can_operate_engines
 from .services.aliases import alias_set
 from .services.versions import adapter_version_revalidate
 
@@ -41,11 +48,25 @@ def pin_on_engines(request, lora_names: list[str], *, pinned: bool) -> None:
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
+    """No editing of fields here; state changes only through the actions, each a service."""
+
     def has_add_permission(self, request):
         return False
 
     def has_change_permission(self, request, obj=None):
         return False
+
+    def has_manage_permission(self, request) -> bool:
+        """The model's change permission, which the actions (not the forms) exercise."""
+        codename = get_permission_codename("change", self.opts)
+        return request.user.has_perm(f"{self.opts.app_label}.{codename}")
+
+    def has_operate_engines_permission(self, request) -> bool:
+        return can_operate_engines(request.user)
+
+
+MANAGE = ("manage",)
+OPERATE = (OPERATE_ENGINES_CODENAME,)
 
 
 @admin.register(BaseModel)
@@ -59,7 +80,10 @@ class BaseModelAdmin(ReadOnlyAdmin):
     def short_revision(self, obj):
         return obj.revision[:12]
 
-    @admin.action(description="Re-check every adapter version against the current revision")
+    @admin.action(
+        description="Re-check every adapter version against the current revision",
+        permissions=MANAGE,
+    )
     def recheck(self, request, queryset):
         for base in queryset:
             queue.send_on_commit(queue.RECHECK, base.pk)
@@ -117,11 +141,13 @@ class AdapterAdmin(ReadOnlyAdmin):
                 )
         return names
 
-    @admin.action(description="Pin the production alias on the engines (kept loaded)")
+    @admin.action(
+        description="Pin the production alias on the engines (kept loaded)", permissions=OPERATE
+    )
     def pin(self, request, queryset):
         pin_on_engines(request, self._production_names(request, queryset), pinned=True)
 
-    @admin.action(description="Unpin the production alias on the engines")
+    @admin.action(description="Unpin the production alias on the engines", permissions=OPERATE)
     def unpin(self, request, queryset):
         pin_on_engines(request, self._production_names(request, queryset), pinned=False)
 
@@ -153,6 +179,10 @@ class AdapterVersionAdmin(ReadOnlyAdmin):
     def get_queryset(self, request):
         return super().get_queryset(request).select_related("adapter__tenant")
 
+    def has_promote_permission(self, request) -> bool:
+        """Promoting moves an alias: the alias's change permission."""
+        return request.user.has_perm(f"registry.{get_permission_codename('change', Alias._meta)}")
+
     @admin.display(description="validation report")
     def readable_report(self, obj):
         if not obj.report:
@@ -174,7 +204,7 @@ class AdapterVersionAdmin(ReadOnlyAdmin):
             "<table><tr><th></th><th>check</th><th>level</th><th>message</th></tr>{}</table>", rows
         )
 
-    @admin.action(description="Re-validate selected versions (not ready ones)")
+    @admin.action(description="Re-validate selected versions (not ready ones)", permissions=MANAGE)
     def revalidate(self, request, queryset):
         done = 0
         for version in queryset:
@@ -185,14 +215,18 @@ class AdapterVersionAdmin(ReadOnlyAdmin):
                 messages.warning(request, exc.message)
         messages.success(request, f"Queued validation of {done} version(s).")
 
-    @admin.action(description="Re-stage selected ready versions into the adapter cache")
+    @admin.action(
+        description="Re-stage selected ready versions into the adapter cache", permissions=MANAGE
+    )
     def restage(self, request, queryset):
         ready = queryset.filter(status=AdapterVersion.READY)
         for version in ready:
             queue.send_on_commit(queue.STAGE, version.pk)
         messages.success(request, f"Queued staging of {ready.count()} version(s).")
 
-    @admin.action(description="Move the 'production' alias to the selected version")
+    @admin.action(
+        description="Move the 'production' alias to the selected version", permissions=["promote"]
+    )
     def promote(self, request, queryset):
         for version in queryset.select_related("adapter"):
             try:
@@ -208,14 +242,16 @@ class AdapterVersionAdmin(ReadOnlyAdmin):
             except RegistryError as exc:
                 messages.error(request, f"{version}: {exc.message}")
 
-    @admin.action(description="Pin selected ready versions on the engines (kept loaded)")
+    @admin.action(
+        description="Pin selected ready versions on the engines (kept loaded)", permissions=OPERATE
+    )
     def pin(self, request, queryset):
         ready = queryset.filter(status=AdapterVersion.READY)
         for version in queryset.exclude(status=AdapterVersion.READY):
             messages.warning(request, f"{version} is {version.status}; only ready versions load.")
         pin_on_engines(request, [version_name(v) for v in ready], pinned=True)
 
-    @admin.action(description="Unpin selected versions on the engines")
+    @admin.action(description="Unpin selected versions on the engines", permissions=OPERATE)
     def unpin(self, request, queryset):
         names = [version_name(v) for v in queryset]
         pin_on_engines(request, names, pinned=False)
@@ -231,10 +267,12 @@ class AliasAdmin(ReadOnlyAdmin):
     def get_queryset(self, request):
         return super().get_queryset(request).select_related("adapter__tenant", "version")
 
-    @admin.action(description="Pin selected aliases on the engines (kept loaded)")
+    @admin.action(
+        description="Pin selected aliases on the engines (kept loaded)", permissions=OPERATE
+    )
     def pin(self, request, queryset):
         pin_on_engines(request, [alias_name(a) for a in queryset], pinned=True)
 
-    @admin.action(description="Unpin selected aliases on the engines")
+    @admin.action(description="Unpin selected aliases on the engines", permissions=OPERATE)
     def unpin(self, request, queryset):
         pin_on_engines(request, [alias_name(a) for a in queryset], pinned=False)

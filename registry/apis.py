@@ -22,6 +22,7 @@ from . import selectors
 from .models import Adapter, AdapterVersion, Alias, BaseModel
 from .services.adapters import adapter_create, adapter_delete, adapter_update
 from .services.aliases import alias_delete, alias_set
+from .services.quotas import quota_check
 from .services.versions import adapter_version_create
 from .uploads import CONFIG_FIELD, WEIGHTS_FIELD, LimitedUploadHandler, parse_s3_source, s3_import
 
@@ -225,12 +226,14 @@ class VersionListCreateApi(RegistryApi):
         summary="Upload a version (multipart) or import one from S3 (JSON)",
         description=(
             "Answers 202 with the new pending version and the URL to poll; identical bytes "
-            "answer 200 with the existing version. Validation runs in the background."
+            "answer 200 with the existing version. Validation runs in the background. The "
+            "tenant's quotas (pending versions, uploads per hour, stored bytes) apply."
         ),
     )
     def post(self, request, name):
         adapter = selectors.adapter_get(tenant=self.principal.tenant, name=name)
         actor = self.principal.label
+        quota_check(tenant=adapter.tenant)  # before reading a body the quota would refuse
         if request.content_type.startswith("multipart/"):
             data = self.UploadSerializer(data=request.data)
             data.is_valid(raise_exception=True)
@@ -243,7 +246,7 @@ class VersionListCreateApi(RegistryApi):
         else:
             data = self.ImportSerializer(data=request.data)
             data.is_valid(raise_exception=True)
-            source = parse_s3_source(data.validated_data["source"])
+            source = parse_s3_source(data.validated_data["source"], tenant=adapter.tenant)
             with s3_import(source) as (config, weights):
                 version, created = adapter_version_create(
                     adapter=adapter, config=config, weights=weights, actor=actor, source=str(source)

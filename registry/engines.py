@@ -3,7 +3,7 @@
 Each `serve` process that hosts an engine answers the operator protocol
 (inference/operator_protocol.py): pin and unpin by qualified model name
 (registry/model_names.py), list the loaded adapters, and /metrics. Engines are listed in
-LORAPLEX_ENGINE_URLS and reached with the operator token.
+LORAPLEX_ENGINE_URLS and reached with the operator token (/metrics with the metrics token).
 """
 
 from __future__ import annotations
@@ -34,8 +34,9 @@ def engine_urls() -> list[str]:
 
 def _call(engine: str, method: str, path: str, body: dict | None = None) -> bytes:
     headers = {"Accept": "application/json"}
-    if settings.OPERATOR_TOKEN:
-        headers.update(protocol.authorization(settings.OPERATOR_TOKEN))
+    token = settings.METRICS_TOKEN if path == protocol.METRICS_PATH else settings.OPERATOR_TOKEN
+    if token:
+        headers.update(protocol.authorization(token))
     data = None
     if body is not None:
         data = json.dumps(body).encode()

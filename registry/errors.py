@@ -65,19 +65,39 @@ class InvalidSource(RegistryError, status=400, code="invalid_source"):
 
 
 class SourceNotAllowed(RegistryError, status=400, code="source_not_allowed"):
-    """An import from a bucket the operator has not opened for imports."""
+    """An import from outside the tenant's allowed prefixes (or the operator's buckets)."""
 
 
 class SourceNotFound(RegistryError, status=400, code="source_not_found"):
-    """The import source lacks one of the two PEFT files."""
-
-
-class SourceUnreadable(RegistryError, status=400, code="source_unreadable"):
-    """The import source refused the read (permissions, wrong region...)."""
+    """One of the two PEFT files is missing under the source, or may not be read: one answer
+    for both, so that imports cannot probe which objects exist."""
 
 
 class UploadTooLarge(RegistryError, status=413, code="upload_too_large"):
     """More bytes than this deployment accepts for an adapter."""
+
+
+class InsufficientStorage(RegistryError, status=507, code="insufficient_storage"):
+    """This server's disk filled up while receiving the files; nothing was kept."""
+
+
+# ---------------------------------------------------------------- quotas (per tenant)
+
+
+class QuotaExceeded(RegistryError):
+    """Base of the per-tenant quotas: each code names its quota; nothing was stored."""
+
+
+class PendingVersionsQuotaExceeded(QuotaExceeded, status=429, code="quota_pending_versions"):
+    """Too many of the tenant's versions await validation; Retry-After says when to try."""
+
+
+class UploadsPerHourQuotaExceeded(QuotaExceeded, status=429, code="quota_uploads_per_hour"):
+    """The tenant made its uploads and imports for this hour; Retry-After says when to try."""
+
+
+class AdapterBytesQuotaExceeded(QuotaExceeded, status=403, code="quota_adapter_bytes"):
+    """The tenant's stored adapter versions would pass its storage quota."""
 
 
 # ---------------------------------------------------------------- state conflicts (409)

@@ -35,6 +35,8 @@ class BaseModel(models.Model):
                 fields=["is_served"], condition=Q(is_served=True), name="one_served_base_model"
             )
         ]
+        # registry/permissions.py: staff alone may not touch the engines.
+        permissions = [("operate_engines", "Can load, pin and unpin adapters on the engines")]
 
     def __str__(self):
         return f"{self.name}@{self.revision[:12]}"

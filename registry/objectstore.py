@@ -82,10 +82,18 @@ def file_chunks(f: BinaryIO, chunk_bytes: int = CHUNK_BYTES) -> Iterator[bytes]:
 
 
 def save(key: str, f: BinaryIO) -> str:
-    """Write a local file object under `key`; returns the name storage chose (normally `key`)."""
+    """Write a local file object under a fresh `key`; returns the name storage chose (`key`).
+
+    A write that fails half-way (a full disk) leaves nothing: the local backend would keep
+    the partial file, so `key`, never used before, is deleted again.
+    """
     f.seek(0)
-    with storage_errors("write", key):
-        return storage().save(key, File(f, name=key.rsplit("/", 1)[-1]))
+    try:
+        with storage_errors("write", key):
+            return storage().save(key, File(f, name=key.rsplit("/", 1)[-1]))
+    except StorageUnavailable:
+        delete_quietly([key])
+        raise
 
 
 def _s3_chunks(backend, key: str) -> Iterator[bytes]:

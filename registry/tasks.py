@@ -1,17 +1,20 @@
 """Celery tasks: thin, take ids, call a service. Idempotent, acknowledged late (a worker that
 dies mid-task leaves the message to be redelivered, and the sweep catches what is still lost),
-retried with exponential backoff when object storage fails."""
+retried with exponential backoff when object storage or the database fails. Any other
+exception ends the version rejected with an error id, never stuck in `validating`."""
 
 import logging
 
 from celery import shared_task
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
+from django.db import InterfaceError, OperationalError
 
 from . import queue, staging
 from .errors import StorageUnavailable
 from .services.base_models import base_model_recheck
 from .services.versions import (
+    adapter_version_fail,
     adapter_version_reject,
     adapter_version_validate,
     versions_sweep_stuck,
@@ -47,6 +50,11 @@ def validate_adapter_version(self, version_id: int):
     except SoftTimeLimitExceeded:
         reason = f"validation ran past its {settings.TASK_SOFT_TIME_LIMIT} s time limit"
         adapter_version_reject(version_id=version_id, reason=reason)
+        return "rejected"
+    except (OperationalError, InterfaceError) as exc:  # the database, not the files
+        raise self.retry(exc=exc, countdown=backoff(self.request.retries)) from None
+    except Exception as exc:
+        adapter_version_fail(version_id=version_id, exc=exc)
         return "rejected"
     return version.status if version else "nothing to do"
 

@@ -1,15 +1,18 @@
 """How adapter files arrive: a multipart upload spilled to disk, or an import from an S3 prefix.
 
 Either way the service receives two local files; neither path ever holds a file whole in
-memory, and both stop reading the moment a size limit is passed (413).
+memory, both stop reading the moment a size limit is passed (413), and a disk that fills
+up on the way is a clean 507 with the partial files removed. A tenant imports only from
+under the prefixes an operator allowed it.
 """
 
 from __future__ import annotations
 
-import re
+import errno
+import logging
 import tempfile
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from botocore.exceptions import BotoCoreError, ClientError
@@ -17,17 +20,21 @@ from django.conf import settings
 from django.core.files.uploadhandler import TemporaryFileUploadHandler
 
 from inference.engine.lora.peft_rules import CONFIG_FILE, WEIGHTS_FILE
+from platform_site.s3_locations import S3Location, parse_s3_location
+from tenants.models import Tenant
 
 from .errors import (
+    InsufficientStorage,
     InvalidSource,
     SourceNotAllowed,
     SourceNotFound,
-    SourceUnreadable,
     StorageUnavailable,
     UnexpectedFile,
     UploadTooLarge,
 )
-from .objectstore import CHUNK_BYTES, hash_stream, is_missing
+from .objectstore import CHUNK_BYTES, hash_stream
+
+log = logging.getLogger(__name__)
 
 CONFIG_FIELD, WEIGHTS_FIELD = "config", "weights"
 MAX_CONFIG_BYTES = 1024 * 1024  # an adapter_config.json is a few hundred bytes
@@ -46,11 +53,32 @@ def too_large(field: str, limit: int) -> UploadTooLarge:
     )
 
 
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+@contextmanager
+def local_disk(cleanup=None) -> Iterator[None]:
+    """Writing to this server's disk: a full disk (or quota) is a 507, after `cleanup()`."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno not in _DISK_FULL:
+            raise
+        if cleanup is not None:
+            cleanup()
+        log.error("local disk full while receiving an adapter: %s", exc)
+        raise InsufficientStorage(
+            "this server ran out of disk space while receiving the files; nothing was kept, "
+            "try again later"
+        ) from exc
+
+
 class LimitedUploadHandler(TemporaryFileUploadHandler):
     """Spill every file part to a temporary file, counting bytes as they arrive.
 
     The only handler on the upload endpoint, so nothing is kept in memory; the request is
-    refused before reading when Content-Length already says it is too big.
+    refused before reading when Content-Length already says it is too big. A full disk
+    closes (so deletes) the part being written; Django's parser closes the finished ones.
     """
 
     def handle_raw_input(self, input_data, META, content_length, boundary, encoding=None):
@@ -69,55 +97,54 @@ class LimitedUploadHandler(TemporaryFileUploadHandler):
                 f"({CONFIG_FILE}) and '{WEIGHTS_FIELD}' ({WEIGHTS_FILE})",
                 param=field_name,
             )
-        super().new_file(field_name, *args, **kwargs)
+        with local_disk():
+            super().new_file(field_name, *args, **kwargs)
 
     def receive_data_chunk(self, raw_data, start):
         limit = limits()[self.field_name]
         if start + len(raw_data) > limit:
             self.file.close()  # a NamedTemporaryFile: closing deletes it
             raise too_large(self.field_name, limit)
-        return super().receive_data_chunk(raw_data, start)
+        with local_disk(cleanup=self._discard):
+            return super().receive_data_chunk(raw_data, start)
+
+    def file_complete(self, file_size):
+        with local_disk(cleanup=self._discard):  # buffered bytes reach the disk here
+            return super().file_complete(file_size)
+
+    def _discard(self):
+        with suppress(OSError):  # flushing the buffer fails again; the file is unlinked anyway
+            self.file.close()
 
 
 # ---------------------------------------------------------------- S3 import
 
-_S3_SOURCE = re.compile(r"s3://([a-z0-9][a-z0-9.-]{1,61}[a-z0-9])/(.*)")
 
+def parse_s3_source(source: str, *, tenant: Tenant) -> S3Location:
+    """`s3://bucket/prefix/` holding the two PEFT files, under one of the tenant's prefixes.
 
-@dataclass(frozen=True)
-class S3Source:
-    bucket: str
-    prefix: str  # "" or ending in "/"
-
-    def key(self, file: str) -> str:
-        return self.prefix + file
-
-    def __str__(self):
-        return f"s3://{self.bucket}/{self.prefix}"
-
-
-def parse_s3_source(source: str) -> S3Source:
-    """`s3://bucket/prefix/` naming a folder with the two PEFT files; refuses path tricks."""
-    match = _S3_SOURCE.fullmatch(source.strip())
-    if match is None:
-        raise InvalidSource(
-            f"source must look like s3://bucket/prefix/, got {source!r}",
-            param="source",
-        )
-    bucket, prefix = match[1], match[2]
-    parts = [p for p in prefix.split("/") if p]
-    if any(p in (".", "..") for p in parts) or "//" in prefix or "\\" in prefix:
-        raise InvalidSource(
-            "source prefix must not contain '.', '..' or empty segments",
-            param="source",
-        )
-    if bucket == settings.S3_BUCKET or bucket not in settings.S3_IMPORT_BUCKETS:
-        allowed = ", ".join(settings.S3_IMPORT_BUCKETS) or "none (imports are off)"
+    Two fences: the operator-wide LORAPLEX_S3_IMPORT_BUCKETS (the buckets this deployment's
+    import credentials may be pointed at at all; never its own bucket) and, inside them, the
+    prefixes an operator allowed this tenant in the admin.
+    """
+    try:
+        location = parse_s3_location(source)
+    except ValueError as exc:
+        raise InvalidSource(f"source {exc}", param="source") from None
+    allowed = tenant.import_prefixes
+    if not any(prefix.contains(location) for prefix in allowed):
+        listed = ", ".join(map(str, allowed)) or "none are set; an operator sets them in the admin"
         raise SourceNotAllowed(
-            f"bucket {bucket!r} is not open for imports; allowed buckets: {allowed}",
+            f"{location} is not under an import prefix of this tenant ({listed})",
             param="source",
         )
-    return S3Source(bucket, "/".join(parts) + "/" if parts else "")
+    if location.bucket == settings.S3_BUCKET or location.bucket not in settings.S3_IMPORT_BUCKETS:
+        raise SourceNotAllowed(
+            f"bucket {location.bucket!r} is not open for imports on this deployment "
+            "(LORAPLEX_S3_IMPORT_BUCKETS)",
+            param="source",
+        )
+    return location
 
 
 def _s3_client():
@@ -132,22 +159,26 @@ def _s3_client():
     )
 
 
-def _download(client, source: S3Source, file: str, field: str, dest: Path) -> None:
+def _refused_by_source(exc: ClientError) -> bool:
+    """Not a 5xx: the object is missing, or this deployment may not read it (permissions,
+    an archived object, another region); only a failing server is worth retrying."""
+    return exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) < 500
+
+
+def _download(client, source: S3Location, file: str, field: str, dest: Path) -> None:
     key, limit = source.key(file), limits()[field]
     try:
         obj = client.get_object(Bucket=source.bucket, Key=key)
     except (BotoCoreError, ClientError) as exc:
-        if is_missing(exc):
+        if isinstance(exc, ClientError) and _refused_by_source(exc):
+            # Missing and forbidden are one answer: an import must not probe what exists.
+            log.info("import of s3://%s/%s refused: %s", source.bucket, key, exc)
             raise SourceNotFound(
-                f"{file} not found at s3://{source.bucket}/{key}",
+                f"{file} not found at s3://{source.bucket}/{key}, or not readable by this "
+                "deployment",
                 param="source",
             ) from exc
-        if isinstance(exc, ClientError):
-            code = exc.response.get("Error", {}).get("Code", "error")
-            raise SourceUnreadable(
-                f"cannot read s3://{source.bucket}/{key}: {code}",
-                param="source",
-            ) from exc
+        log.warning("import of s3://%s/%s failed: %s", source.bucket, key, exc)
         raise StorageUnavailable(
             f"cannot reach the source bucket ({type(exc).__name__}); try again later"
         ) from exc
@@ -155,7 +186,7 @@ def _download(client, source: S3Source, file: str, field: str, dest: Path) -> No
     try:
         if obj.get("ContentLength", 0) > limit:
             raise too_large(field, limit)
-        with open(dest, "wb") as out:
+        with local_disk(cleanup=lambda: dest.unlink(missing_ok=True)), open(dest, "wb") as out:
             hash_stream(body.iter_chunks(CHUNK_BYTES), out, limit=limit)
     except UploadTooLarge:
         raise too_large(field, limit) from None
@@ -168,10 +199,10 @@ def _download(client, source: S3Source, file: str, field: str, dest: Path) -> No
 
 
 @contextmanager
-def s3_import(source: S3Source):
+def s3_import(source: S3Location):
     """Download the two files into a temporary folder; yields (config file, weights file)."""
     client = _s3_client()
-    with tempfile.TemporaryDirectory(prefix="loraplex-import-") as tmp:
+    with local_disk(), tempfile.TemporaryDirectory(prefix="loraplex-import-") as tmp:
         paths = {CONFIG_FIELD: Path(tmp) / CONFIG_FILE, WEIGHTS_FIELD: Path(tmp) / WEIGHTS_FILE}
         _download(client, source, CONFIG_FILE, CONFIG_FIELD, paths[CONFIG_FIELD])
         _download(client, source, WEIGHTS_FILE, WEIGHTS_FIELD, paths[WEIGHTS_FIELD])

@@ -17,6 +17,7 @@ from pathlib import Path
 from inference.engine.formats.safetensors_header import HeaderError, parse_header
 from inference.engine.lora.peft_rules import (
     CONFIG_FILE,
+    MAX_ADAPTER_HEADER_BYTES,
     WEIGHTS_FILE,
     AdapterError,
     AdapterSpec,
@@ -149,7 +150,7 @@ def validate_adapter_files(
     except AdapterError as exc:
         checks.append(Check("config", False, str(exc)))
     try:
-        header = parse_header(weights_path)
+        header = parse_header(weights_path, max_header_bytes=MAX_ADAPTER_HEADER_BYTES)
         checks.append(
             Check("safetensors", True, f"{len(header.tensors)} tensors in a well-formed header")
         )

@@ -8,9 +8,6 @@ VENV=${VENV:-.venv}
 HOST=${HOST:-127.0.0.1}
 PORT=${PORT:-8000}
 PY="$VENV/bin/python"
-# The budget holds the KV cache and the adapter slots (8 slots at rank 64 on SmolLM2 in fp32
-# take about 630 MB), so the embedded default gives the engine 1.5 GiB.
-export LORAPLEX_KV_CACHE_BYTES=${LORAPLEX_KV_CACHE_BYTES:-1610612736}
 
 "$PY" manage.py migrate --noinput
 # The bundled SmolLM2 base model: converted and registered once, a no-op afterwards.

@@ -1,4 +1,7 @@
-"""Operators' admin. The key's secret is never stored, so it can never be shown here."""
+"""Operators' admin. The key's secret is never stored, so it can never be shown here.
+
+Actions need the model's change permission: a staff user who may only view acts on nothing.
+"""
 
 from django.contrib import admin, messages
 from django.db.models import Count, Q
@@ -21,6 +24,21 @@ class TenantAdmin(admin.ModelAdmin):
     list_filter = ["is_active"]
     search_fields = ["slug", "name"]
     inlines = [MembershipInline]
+    fieldsets = [
+        (None, {"fields": ["slug", "name", "is_active"]}),
+        (
+            "Adapter imports and quotas",
+            {
+                "fields": [
+                    "s3_import_prefixes",
+                    "max_pending_versions",
+                    "max_uploads_per_hour",
+                    "max_adapter_bytes",
+                ],
+                "description": "Quotas left empty take the deployment's default; 0 is no limit.",
+            },
+        ),
+    ]
     actions = ["suspend", "reactivate"]
 
     members = count_column("n_members", description="members")
@@ -39,13 +57,15 @@ class TenantAdmin(admin.ModelAdmin):
             )
         )
 
-    @admin.action(description="Suspend selected tenants (their keys stop working)")
+    @admin.action(
+        description="Suspend selected tenants (their keys stop working)", permissions=["change"]
+    )
     def suspend(self, request, queryset):
         for tenant in queryset:
             tenant_set_active(tenant=tenant, active=False)
         messages.success(request, f"Suspended {queryset.count()} tenant(s).")
 
-    @admin.action(description="Reactivate selected tenants")
+    @admin.action(description="Reactivate selected tenants", permissions=["change"])
     def reactivate(self, request, queryset):
         for tenant in queryset:
             tenant_set_active(tenant=tenant, active=True)
@@ -90,7 +110,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
     def state(self, obj):
         return "revoked" if obj.is_revoked else "expired" if obj.is_expired else "active"
 
-    @admin.action(description="Revoke selected API keys")
+    @admin.action(description="Revoke selected API keys", permissions=["change"])
     def revoke(self, request, queryset):
         for api_key in queryset:
             api_key_revoke(api_key=api_key, actor=f"admin:{request.user.get_username()}")

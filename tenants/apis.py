@@ -78,6 +78,7 @@ class ApiKeyListCreateApi(APIView):
             created_by=principal.user,
             actor=principal.label,
             expires_at=timezone.now() + timedelta(days=days) if days else None,
+            grantable=principal.scopes,
         )
         body = dict(ApiKeyOutputSerializer(api_key).data, key=full)
         return Response(body, status=status.HTTP_201_CREATED)
@@ -115,7 +116,13 @@ class UsageApi(APIView):
 
         def validate(self, data):
             data.setdefault("end", timezone.now())
-            data.setdefault("start", data["end"] - timedelta(days=30))
+            if "start" not in data:
+                try:
+                    data["start"] = data["end"] - timedelta(days=30)
+                except OverflowError:  # an end in the first month of year 1
+                    raise serializers.ValidationError(
+                        {"end": "end is too early; give start as well."}
+                    ) from None
             if data["start"] >= data["end"]:
                 raise serializers.ValidationError({"start": "start must be before end."})
             return data

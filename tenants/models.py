@@ -1,8 +1,18 @@
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import models
 from django.utils import timezone
 
+from platform_site.s3_locations import S3Location, parse_s3_locations
+
 from .scopes import MEMBER, ROLE_CHOICES
+
+
+def validate_import_prefixes(value: str) -> None:
+    try:
+        parse_s3_locations(value)
+    except ValueError as exc:
+        raise ValidationError(str(exc)) from None
 
 
 class Tenant(models.Model):
@@ -13,11 +23,47 @@ class Tenant(models.Model):
     is_active = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
+    # Set by an operator in the admin. Quotas left empty take the deployment's default
+    # (LORAPLEX_QUOTA_*); 0 means no limit.
+    s3_import_prefixes = models.TextField(
+        blank=True,
+        max_length=10_000,
+        validators=[validate_import_prefixes],
+        help_text=(
+            "One s3://bucket/prefix/ per line: the only places this tenant may import adapters "
+            "from (a source must lie under one of them, whole path segments; its bucket must "
+            "also be in LORAPLEX_S3_IMPORT_BUCKETS). Empty: no imports."
+        ),
+    )
+    max_pending_versions = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="Versions awaiting validation at once. Empty: LORAPLEX_QUOTA_PENDING_VERSIONS.",
+    )
+    max_uploads_per_hour = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="Uploads and imports in any hour. Empty: LORAPLEX_QUOTA_UPLOADS_PER_HOUR.",
+    )
+    max_adapter_bytes = models.PositiveBigIntegerField(
+        null=True,
+        blank=True,
+        help_text="Bytes of stored adapter versions. Empty: LORAPLEX_QUOTA_ADAPTER_BYTES.",
+    )
+
     class Meta:
         ordering = ["slug"]
 
     def __str__(self):
         return self.slug
+
+    @property
+    def import_prefixes(self) -> list[S3Location]:
+        """The parsed `s3_import_prefixes` (validated when saved through a form)."""
+        try:
+            return parse_s3_locations(self.s3_import_prefixes)
+        except ValueError:
+            return []  # a row written around validation allows nothing
 
 
 class Membership(models.Model):

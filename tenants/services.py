@@ -1,5 +1,6 @@
 """Changes to tenants, memberships and API keys. Views and commands call these, nothing else writes."""
 
+from collections.abc import Collection
 from datetime import datetime, timedelta
 
 from django.contrib.auth import get_user_model
@@ -10,6 +11,7 @@ from django.utils import timezone
 from audit.services import Subject, audit_record, snapshot
 
 from . import keys
+from .errors import ScopeNotHeld
 from .models import ApiKey, Membership, Tenant
 from .scopes import OWNER, ROLE_CHOICES, parse_scopes
 
@@ -80,14 +82,22 @@ def api_key_create(
     created_by=None,
     expires_at: datetime | None = None,
     actor: str | None = None,
+    grantable: Collection[str] | None = None,
 ) -> tuple[ApiKey, str]:
-    """Create a key and return it with its full text, which exists only in this return value."""
+    """Create a key and return it with its full text, which exists only in this return value.
+
+    `grantable`: the scopes the caller holds (its key's, or its role's), the most the new key
+    may carry; None only for operators' own tools (manage.py commands).
+    """
     if expires_at is not None and expires_at <= timezone.now():
         raise ValidationError({"expires_at": "The expiry must be in the future."})
     try:
         scope_list = parse_scopes(scopes)
     except ValueError as exc:
         raise ValidationError({"scopes": str(exc)}) from exc
+    beyond = sorted(set(scope_list) - set(grantable)) if grantable is not None else []
+    if beyond:
+        raise ScopeNotHeld(f"You can grant only scopes you hold; you lack {', '.join(beyond)}.")
     new = keys.generate_key()
     api_key = ApiKey(
         tenant=tenant,

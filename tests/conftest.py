@@ -16,6 +16,43 @@ from tenants.scopes import ALL_SCOPES, MEMBER
 from tenants.services import api_key_create, membership_set, tenant_create, user_get_or_create
 
 
+@pytest.fixture(scope="session", autouse=True)
+def sqlite_test_transactions_begin_deferred():
+    """On SQLite, the one transaction wrapping a `django_db` test begins DEFERRED.
+
+    Production begins every transaction IMMEDIATE (platform_site/settings.py), and so does
+    the code under test here; but the wrapping transaction lasts the whole test, and begun
+    IMMEDIATE it would hold SQLite's write lock throughout: the live servers and workers
+    the test starts could not write. Nothing in production holds a transaction that long.
+    """
+    import threading
+
+    from django.db.backends.sqlite3.base import DatabaseWrapper
+    from django.test import TestCase
+
+    wrapping = threading.local()
+    enter_atomics = TestCase.__dict__["_enter_atomics"].__func__
+    start_transaction = DatabaseWrapper._start_transaction_under_autocommit
+
+    def enter_test_atomics(cls):
+        wrapping.active = True
+        try:
+            return enter_atomics(cls)
+        finally:
+            wrapping.active = False
+
+    def start(self):
+        if getattr(wrapping, "active", False):
+            self.cursor().execute("BEGIN")
+        else:
+            start_transaction(self)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(TestCase, "_enter_atomics", classmethod(enter_test_atomics))
+        patch.setattr(DatabaseWrapper, "_start_transaction_under_autocommit", start)
+        yield
+
+
 @pytest.fixture
 def alice(db):
     return user_get_or_create(email="alice@example.com", password="alice-password-1")

@@ -6,6 +6,11 @@ command queue; outputs go back to each caller's event loop with `call_soon_threa
 A caller that stops listening (cancelled, closed or dropped its stream) aborts its request.
 The LoRA controls (load, unload, pin) are coroutines whose work travels the same queue, so
 they take effect between steps, never in the middle of one.
+
+If the step thread raises, the engine is dead, as in vLLM: its state (KV blocks half
+written, an adapter half swapped in, a CUDA context an illegal access has poisoned) can no
+longer be trusted. Every request it holds fails with EngineDeadError, new ones are refused,
+`is_alive()` turns false, and `on_failure` tells the owner, who should replace the process.
 """
 
 import asyncio
@@ -13,11 +18,12 @@ import logging
 import queue
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
+from contextlib import suppress
 from typing import Any
 
 from .config import EngineConfig
-from .errors import DuplicateRequestError, EngineError, EngineStoppedError
+from .errors import DuplicateRequestError, EngineDeadError, EngineError, EngineStoppedError
 from .llm_engine import LLMEngine
 from .outputs import RequestOutput
 from .request import EngineRequest, LoRARequest
@@ -68,6 +74,10 @@ class RequestStream:
     async def aclose(self) -> None:
         self._stop()
 
+    def close(self) -> None:
+        """Stop listening from synchronous code (a callback): the same as `aclose()`."""
+        self._stop()
+
     def put(self, item: StreamItem) -> None:
         """Hand an item to the caller's event loop (from any thread). RuntimeError if that
         loop is closed."""
@@ -83,13 +93,19 @@ class RequestStream:
 
 
 class AsyncLLMEngine:
-    def __init__(self, engine: LLMEngine):
+    def __init__(
+        self, engine: LLMEngine, on_failure: Callable[[BaseException], None] | None = None
+    ):
+        """`on_failure(error)` is called once, on the step thread, if the step loop raises."""
         self.engine = engine
         self._commands: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self._wakeup = threading.Event()
-        self._lock = threading.Lock()  # guards _streams and _stopped
+        self._lock = threading.Lock()  # guards _streams, _calls, _stopped and failure
         self._streams: dict[str, RequestStream] = {}
+        self._calls: set[Future[Any]] = set()  # LoRA controls not answered yet
         self._stopped = False
+        self.failure: BaseException | None = None  # what killed the step loop, if it died
+        self._on_failure = on_failure
         engine.on_load_finished(self._wakeup.set)  # a finished load may unblock requests
         self._thread = threading.Thread(target=self._run, name="loraplex-engine-step", daemon=True)
         self._thread.start()
@@ -106,7 +122,7 @@ class AsyncLLMEngine:
         seq = self.engine.make_sequence(request)
         with self._lock:
             if self._stopped:
-                raise EngineStoppedError("the engine is shut down and takes no new requests")
+                raise self._refusal()
             if seq.request_id in self._streams:
                 raise DuplicateRequestError(
                     f"request id {seq.request_id!r} is already in use; give each request a "
@@ -126,7 +142,7 @@ class AsyncLLMEngine:
         return self.engine.stats()
 
     def is_alive(self) -> bool:
-        """Whether the step thread is running (false once shut down or if it died)."""
+        """Whether the step thread is running (false once shut down or if it failed)."""
         return self._thread.is_alive() and not self._stopped
 
     # -- LoRA controls: run on the step thread, between steps --------------------------------
@@ -152,9 +168,15 @@ class AsyncLLMEngine:
         future: Future[Any] = Future()
         with self._lock:
             if self._stopped:
-                raise EngineStoppedError("the engine is shut down")
+                raise self._refusal()
+            self._calls.add(future)
             self._send(("call", (fn, args, future)))
+        future.add_done_callback(self._call_answered)
         return future
+
+    def _call_answered(self, future: Future[Any]) -> None:
+        with self._lock:
+            self._calls.discard(future)
 
     def shutdown(self, timeout: float | None = 10.0) -> None:
         """Stop the step thread; streams still open end with finish_reason "abort"."""
@@ -163,6 +185,14 @@ class AsyncLLMEngine:
         self._wakeup.set()
         self._thread.join(timeout)
         self.engine.close()
+
+    def _refusal(self) -> EngineStoppedError:
+        if self.failure is not None:
+            return EngineDeadError(
+                f"the engine failed ({type(self.failure).__name__}) and takes no new requests "
+                f"until its process is restarted"
+            )
+        return EngineStoppedError("the engine is shut down and takes no new requests")
 
     def _stream_closed(self, request_id: str) -> None:
         with self._lock:
@@ -176,6 +206,13 @@ class AsyncLLMEngine:
     # -- the step thread --------------------------------------------------------------------
 
     def _run(self) -> None:
+        try:
+            self._loop()
+        except Exception as e:
+            logger.exception("the engine's step loop failed; failing every request it holds")
+            self._die(e)
+
+    def _loop(self) -> None:
         idle = None  # seconds to wait for a wakeup; None: until a command or load arrives
         while True:
             self._wakeup.wait(idle)
@@ -192,17 +229,9 @@ class AsyncLLMEngine:
             idle = None
             if not self.engine.has_unfinished():
                 continue
-            in_flight = list(self.engine.requests)
-            outputs: list[RequestOutput] | None
-            try:
-                outputs = self.engine.step()
-            except Exception as e:  # a failing step must not leave callers waiting forever
-                logger.exception("engine step failed; failing the requests in flight")
-                self._fail(in_flight, e)
-                outputs = None
-            else:
-                self._deliver_all(outputs)
-            if outputs == []:
+            outputs = self.engine.step()
+            self._deliver_all(outputs)
+            if not outputs:
                 # Nothing could run: requests wait for adapter loads, whose end (or a new
                 # command) sets the wakeup. The timeout only guards against a missed one.
                 idle = 0.1
@@ -225,10 +254,30 @@ class AsyncLLMEngine:
             self._deliver(seq.request_id, e)
 
     def _fail_calls(self) -> None:
-        """After shutdown: calls still queued get an error instead of waiting forever."""
-        for command, arg in drain(self._commands):
-            if command == "call":
-                arg[2].set_exception(EngineStoppedError("the engine is shut down"))
+        """After shutdown: calls still queued or unanswered (a load in progress) get an
+        error instead of waiting forever."""
+        for _ in drain(self._commands):
+            pass  # every queued call's future is in _calls
+        with self._lock:
+            calls, self._calls = list(self._calls), set()
+        for future in calls:
+            _set_exception(future, EngineStoppedError("the engine is shut down"))
+
+    def _die(self, error: Exception) -> None:
+        """The step loop raised: refuse new work, fail every stream and control still
+        waiting (those queued and not yet added too), and tell the owner."""
+        with self._lock:
+            self._stopped = True
+            self.failure = error
+            streams, self._streams = list(self._streams.values()), {}
+            calls, self._calls = list(self._calls), set()
+        for stream in streams:
+            with suppress(RuntimeError):  # the caller's event loop is closed
+                stream.put(_dead(error))
+        for future in calls:
+            _set_exception(future, _dead(error))
+        if self._on_failure is not None:
+            self._on_failure(error)
 
     def _deliver_all(self, outputs: list[RequestOutput]) -> None:
         for out in outputs:
@@ -247,14 +296,17 @@ class AsyncLLMEngine:
         except RuntimeError:  # the caller's event loop is closed
             self.engine.abort(request_id)
 
-    def _fail(self, request_ids: list[str], error: Exception) -> None:
-        for request_id in request_ids:
-            self.engine.abort(request_id)
-        self.engine.step()  # drains the abort outputs; nothing is left to run
-        for request_id in request_ids:
-            self._deliver(
-                request_id, RuntimeError(f"the engine failed while serving this request: {error!r}")
-            )
+
+def _dead(error: Exception) -> EngineDeadError:
+    return EngineDeadError(
+        f"the engine failed ({type(error).__name__}) and stopped before this request finished; "
+        f"it takes no more requests until its process is restarted"
+    )
+
+
+def _set_exception(future: Future[Any], error: Exception) -> None:
+    with suppress(InvalidStateError):  # answered meanwhile (a loader thread resolved it)
+        future.set_exception(error)
 
 
 def _run_call(call: Call) -> None:

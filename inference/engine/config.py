@@ -140,7 +140,9 @@ class EngineConfig:
     max_num_seqs: int = 128
     max_num_batched_tokens: int | None = None  # tokens per step; default: max(max_model_len, 2048)
     block_size: int = 16
-    kv_cache_bytes: int | None = None  # KV cache + LoRA slots; default 512 MiB on cpu
+    # KV cache + LoRA slots. Unset: on cpu the slots plus 512 MiB of cache (at least one
+    # max_model_len sequence), on cuda a share of device memory (kv_cache.py)
+    kv_cache_bytes: int | None = None
     gpu_memory_utilization: float = 0.9  # on cuda without kv_cache_bytes: share of device memory
     seed: int = 0  # seeds requests that give no seed of their own
     # LoRA: device slots (adapters in one batch), host cache entries, largest rank served

@@ -41,3 +41,8 @@ class AdapterLoadError(EngineError):
 
 class EngineStoppedError(EngineError):
     """The engine was shut down; no new requests are taken."""
+
+
+class EngineDeadError(EngineStoppedError):
+    """The step loop failed: the requests the engine held fail with this, new ones are
+    refused, and only a fresh process serves again. Not the caller's fault."""

@@ -13,19 +13,22 @@ CPU_DEFAULT_KV_BYTES = 512 << 20
 
 
 def kv_cache_budget(config: EngineConfig, device: torch.device, lora_bytes: int = 0) -> int:
-    """Bytes for the cache: `kv_cache_bytes` (or 512 MiB on CPU) less what the LoRA slots
-    take, since that setting is the budget for both; on CUDA without it, the share
-    `gpu_memory_utilization` of device memory minus what weights, LoRA slots (already
-    allocated) and a warm-up step use."""
-    if config.kv_cache_bytes is not None or device.type != "cuda":
-        total = config.kv_cache_bytes if config.kv_cache_bytes is not None else CPU_DEFAULT_KV_BYTES
+    """Bytes for the KV cache. With `kv_cache_bytes` set, that budget less what the LoRA
+    slots take (the setting covers both). Unset on CPU, the slots get what they need and
+    the cache `default_kv_bytes` on top, so the defaults start whatever the slots cost.
+    Unset on CUDA, the share `gpu_memory_utilization` of device memory minus what weights,
+    LoRA slots (already allocated) and a warm-up step use."""
+    if config.kv_cache_bytes is None and device.type != "cuda":
+        return default_kv_bytes(config)
+    if config.kv_cache_bytes is not None:
+        total = config.kv_cache_bytes
         budget = total - lora_bytes
         if budget < config.kv_block_bytes:
             raise ConfigError(
                 f"the memory budget of {total} bytes (kv_cache_bytes) holds the "
                 f"{config.max_loras} LoRA slots ({lora_bytes} bytes) but no KV block of "
-                f"{config.kv_block_bytes} bytes; raise kv_cache_bytes or lower max_loras / "
-                f"max_lora_rank"
+                f"{config.kv_block_bytes} bytes; raise kv_cache_bytes (or leave it unset to "
+                f"size it from the model) or lower max_loras / max_lora_rank"
             )
         return budget
     free, total = torch.cuda.mem_get_info(device)
@@ -64,3 +67,11 @@ def allocate_kv_cache(
     for i, layer in enumerate(layers):
         layer.k_cache, layer.v_cache = cache[0, i], cache[1, i]
     return cache
+
+
+def default_kv_bytes(config: EngineConfig) -> int:
+    """The CPU default: 512 MiB of cache, and never less than one sequence of
+    `max_model_len` tokens (else the longest request the model takes could not run)."""
+    assert config.max_model_len is not None  # resolved by EngineConfig
+    blocks = -(-config.max_model_len // config.block_size)
+    return max(CPU_DEFAULT_KV_BYTES, blocks * config.kv_block_bytes)

@@ -119,6 +119,12 @@ class Tokenizer:
         self._backend = backend
         self.special_tokens = special_tokens  # bos_token, eos_token, ... as the template sees them
         self.vocab_size: int = backend.get_vocab_size(with_added_tokens=True)
+        # The most characters one token covers (a byte-level token's characters are its
+        # bytes, each standing for at most one character of text): a text of n characters
+        # is at least n / max_token_chars tokens, which bounds a prompt before encoding it.
+        self.max_token_chars: int = max(
+            map(len, backend.get_vocab(with_added_tokens=True)), default=1
+        )
         bos = special_tokens.get("bos_token")
         self.bos_token_id: int | None = None if bos is None else backend.token_to_id(bos)
         self.eos_token_ids: list[int] = eos_token_ids

@@ -23,11 +23,12 @@ from inference.engine.lora.peft_rules import (
 )
 
 from .. import queue
-from ..errors import ObjectMissing, RegistryError
+from ..errors import ObjectMissing, RegistryError, StorageUnavailable
 from ..models import AdapterVersion, BaseModel
 from ..staging import download_version, version_dir
 from ..uploads import MAX_CONFIG_BYTES
 from ..validation import validate_adapter_files
+from .failures import log_unexpected
 from .transitions import transition
 
 log = logging.getLogger(__name__)
@@ -159,7 +160,33 @@ def base_model_recheck(*, base_model_id: int) -> dict[str, int]:
     )
     counts = {"compatible": 0, "incompatible": 0}
     for version in versions:
-        checked = version_recheck(version=version, base_model=base_model)
+        try:
+            checked = version_recheck(version=version, base_model=base_model)
+        except StorageUnavailable:
+            raise  # the task retries; the versions checked so far stay checked
+        except Exception as exc:  # a bug: this version is unchecked, the others still get theirs
+            checked = _recheck_failed(version, base_model, exc)
         if checked is not None:
             counts["compatible" if checked.compatible else "incompatible"] += 1
     return counts
+
+
+def _recheck_failed(
+    version: AdapterVersion, base_model: BaseModel, exc: Exception
+) -> AdapterVersion | None:
+    """Not checked against this revision (so not servable on it), saying why.
+
+    `checked_revision` stays the old one: the admin's re-check action tries it again.
+    """
+    error_id = log_unexpected(exc, what=f"re-checking version {version.pk}")
+    return transition(
+        version.pk,
+        AdapterVersion.Status.READY,
+        actor=SYSTEM_COMPATIBILITY,
+        verb="version.incompatible",
+        compatible=False,
+        compatibility_detail=(
+            f"the check against revision {base_model.revision[:12]} failed on an internal "
+            f"error (error id {error_id}); an operator can re-check once it is fixed"
+        ),
+    )

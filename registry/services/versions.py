@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from audit.services import SYSTEM_SWEEP, SYSTEM_VALIDATOR, audit_record
 from inference.engine.lora.peft_rules import CONFIG_FILE, WEIGHTS_FILE, ArchFingerprint, Check
+from tenants.models import Tenant
 
 from .. import objectstore, queue
 from ..errors import ObjectMissing, UploadTooLarge
@@ -28,6 +29,8 @@ from ..objectstore import Digest
 from ..staging import download_version
 from ..uploads import CONFIG_FIELD, MAX_CONFIG_BYTES, WEIGHTS_FIELD, too_large
 from ..validation import ValidationResult, printable, validate_adapter_files
+from .failures import log_unexpected
+from .quotas import UPLOAD_VERB, quota_check
 from .transitions import transition, undecided, version_snapshot, version_subject
 
 log = logging.getLogger(__name__)
@@ -70,8 +73,9 @@ def adapter_version_create(
 ) -> tuple[AdapterVersion, bool]:
     """Store two local files as a new pending version and queue its validation.
 
-    Returns (version, created); identical bytes return the existing version. On any failure
-    the objects written so far are deleted: storage never keeps bytes no row refers to.
+    Returns (version, created); identical bytes return the existing version. The tenant's
+    quotas are checked before storing and again under its row lock (QuotaExceeded). On any
+    failure the objects written so far are deleted: storage never keeps bytes no row refers to.
     """
     config_digest = _digest(config, CONFIG_FIELD, MAX_CONFIG_BYTES)
     weights_digest = _digest(weights, WEIGHTS_FIELD, settings.MAX_ADAPTER_BYTES)
@@ -79,6 +83,8 @@ def adapter_version_create(
     if existing is not None:
         _audit_duplicate(existing, actor=actor, source=source)
         return existing, False
+    new_bytes = config_digest.size + weights_digest.size
+    quota_check(tenant=adapter.tenant, new_bytes=new_bytes)
 
     version = AdapterVersion(adapter=adapter, source=source, created_by=actor)
     prefix = f"adapters/{adapter.tenant_id}/{adapter.pk}/{version.uid.hex}"
@@ -87,12 +93,15 @@ def adapter_version_create(
         written.append(objectstore.save(f"{prefix}/{CONFIG_FILE}", config))
         written.append(objectstore.save(f"{prefix}/{WEIGHTS_FILE}", weights))
         with transaction.atomic():
+            # The tenant first: its quotas count versions of all its adapters.
+            tenant = Tenant.objects.select_for_update().get(pk=adapter.tenant_id)
             locked = Adapter.objects.select_for_update().get(pk=adapter.pk)
             existing = _duplicate_of(locked, config_digest, weights_digest)
             if existing is not None:  # a concurrent upload of the same bytes won
                 transaction.on_commit(lambda: objectstore.delete_quietly(written))
                 _audit_duplicate(existing, actor=actor, source=source)
                 return existing, False
+            quota_check(tenant=tenant, new_bytes=new_bytes)
             last = locked.versions.aggregate(n=Max("number"))["n"] or 0
             version.number = last + 1
             version.config_key, version.weights_key = written
@@ -106,7 +115,7 @@ def adapter_version_create(
             audit_record(
                 subject=version_subject(version),
                 actor=actor,
-                verb="version.upload",
+                verb=UPLOAD_VERB,
                 after=version_snapshot(version),
             )
             queue.send_on_commit(queue.VALIDATE, version.pk)
@@ -215,6 +224,7 @@ def adapter_version_reject(
     reason: str,
     actor: str = SYSTEM_VALIDATOR,
     when: Callable[[AdapterVersion], bool] = undecided,
+    check: str = "infrastructure",
 ) -> AdapterVersion | None:
     """Reject for a reason outside the files (storage, a dead worker); re-validation may help.
 
@@ -227,10 +237,24 @@ def adapter_version_reject(
         verb="version.rejected",
         when=when,
         infra_failure=True,
-        report=lambda v: [*v.report, Check("infrastructure", False, reason).to_dict()],
+        report=lambda v: [*v.report, Check(check, False, reason).to_dict()],
         status_detail=reason,
         validated_at=timezone.now(),
     )
+
+
+def adapter_version_fail(*, version_id: int, exc: BaseException) -> AdapterVersion | None:
+    """Reject after an unexpected exception: a bug of ours, not a rule the files broke.
+
+    The traceback is logged under an error id that the reason quotes; the version counts as an
+    infrastructure failure, so the same bytes may be uploaded again, or re-validated once fixed.
+    """
+    error_id = log_unexpected(exc, what=f"validation of version {version_id}")
+    reason = (
+        f"the validator failed on an internal error (error id {error_id}); quote the id to an "
+        "operator, who can re-validate the version once it is fixed"
+    )
+    return adapter_version_reject(version_id=version_id, reason=reason, check="validator")
 
 
 @transaction.atomic

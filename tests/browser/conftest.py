@@ -7,9 +7,12 @@ var/screenshots/ in the checkout (CI keeps them as artifacts; the README shows t
 import contextlib
 import os
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
+# The serving layer's live `manage.py serve` (tests/inference), for the playground test.
+from tests.inference.conftest import live_engine_server, serve_data  # noqa: F401
 from tests.registry.conftest import (  # noqa: F401  (fixtures, re-exported for these tests)
     ALICE_ACTOR,
     adapter,
@@ -17,12 +20,6 @@ from tests.registry.conftest import (  # noqa: F401  (fixtures, re-exported for 
     good_adapter_dir,
     tiny_base_dir,
 )
-
-# The serving layer's live `manage.py serve` (tests/inference), for the playground test; if
-# it is not there, that test skips and says why.
-with contextlib.suppress(ImportError):
-    from tests.inference.conftest import live_engine_server, serve_data  # noqa: F401
-
 
 CHROMIUM = os.environ.get("LORAPLEX_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -47,6 +44,31 @@ def fast_passwords(settings):
     ]
 
 
+def browser_unavailable(message: str) -> NoReturn:
+    """Skip on a developer's machine without a browser; fail in CI, which must run these."""
+    if os.environ.get("LORAPLEX_REQUIRE_SERVICES") == "1":
+        pytest.fail(f"{message} (LORAPLEX_REQUIRE_SERVICES=1: the browser tests must run)")
+    pytest.skip(message)
+
+
+def launch_chromium(stack: contextlib.ExitStack, executable: str = CHROMIUM):
+    """Chromium under Playwright (closed with `stack`), or a skip or failure saying why not:
+    not installed, Playwright not importable, or the browser not starting."""
+    if not Path(executable).exists():
+        browser_unavailable(f"Chromium is not installed at {executable}: apt-get install chromium")
+    try:
+        from playwright.sync_api import Error, sync_playwright
+    except ImportError as exc:
+        browser_unavailable(f"Playwright cannot be imported ({exc}): install requirements-dev.txt")
+    playwright = stack.enter_context(sync_playwright())
+    try:
+        browser = playwright.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
+    except Error as exc:
+        browser_unavailable(f"Chromium at {executable} did not start: {exc}")
+    stack.callback(browser.close)
+    return browser
+
+
 @pytest.fixture(scope="package")
 def browser():
     """One Chromium for these tests, closed before other packages' tests run.
@@ -55,18 +77,10 @@ def browser():
     ORM calls from test bodies ("async context"); nothing runs concurrently with them, so the
     check is lifted while the browser lives, and only then.
     """
-    if not Path(CHROMIUM).exists():
-        message = f"Chromium is not installed at {CHROMIUM}: apt-get install -y chromium"
-        if os.environ.get("LORAPLEX_REQUIRE_SERVICES") == "1":
-            pytest.fail(message)  # CI installs it; a missing browser must not pass silently
-        pytest.skip(message)
-    from playwright.sync_api import sync_playwright
-
-    with pytest.MonkeyPatch.context() as patch, sync_playwright() as playwright:
+    with pytest.MonkeyPatch.context() as patch, contextlib.ExitStack() as stack:
+        browser = launch_chromium(stack)
         patch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         yield browser
-        browser.close()
 
 
 @pytest.fixture

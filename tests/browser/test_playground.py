@@ -6,7 +6,6 @@ process with the tiny model and a ready adapter `pirate` for tenant `serve-a`).
 """
 
 import pytest
-from _pytest.fixtures import FixtureLookupError
 
 from tenants.scopes import MEMBER
 from tests.browser.conftest import sign_in
@@ -17,11 +16,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
-def engine_server(request):
-    try:
-        return request.getfixturevalue("live_engine_server")
-    except FixtureLookupError:
-        pytest.skip("needs the serving layer's `live_engine_server` fixture (tests/inference)")
+def engine_server(live_engine_server):
+    return live_engine_server
 
 
 @pytest.fixture

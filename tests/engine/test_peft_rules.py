@@ -1,8 +1,10 @@
 """PEFT adapters made by PEFT itself pass; every kind of adapter the engine cannot apply is refused."""
 
+import dataclasses
 import json
 import math
 import shutil
+import time
 
 import pytest
 import torch
@@ -13,6 +15,9 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from inference.engine.formats.safetensors_header import parse_header
 from inference.engine.lora.peft_rules import (
     CONFIG_FILE,
+    MAX_ADAPTER_HEADER_BYTES,
+    MAX_LORA_ALPHA,
+    MAX_TARGET_MODULES,
     WEIGHTS_FILE,
     AdapterError,
     ArchFingerprint,
@@ -336,6 +341,96 @@ def test_adapter_with_no_lora_tensors_is_refused(good, tmp_path, fingerprint):
     folder = mutate(good, tmp_path, tensors=lambda w: {})
     message = failed(report_for(folder, fingerprint))["adapts_something"]
     assert "would change nothing" in message
+
+
+# ------------------------------------------------------------------ numbers and names an attacker picks
+
+
+def with_names(header, rename_to: dict[str, str]):
+    """The same header with tensors renamed, as a parser that allowed any name would give."""
+    tensors = {rename_to.get(n, n): t for n, t in header.tensors.items()}
+    return dataclasses.replace(header, tensors=tensors)
+
+
+def test_a_five_thousand_digit_layer_index_is_out_of_range_not_an_exception(good, fingerprint):
+    header = parse_header(good / WEIGHTS_FILE)
+    huge = "9" * 5000
+    renamed = {n: n.replace("layers.1.", f"layers.{huge}.") for n in header.tensors}
+    config = (good / CONFIG_FILE).read_bytes()
+    started = time.perf_counter()
+    report = check_adapter(config, with_names(header, renamed), fingerprint, max_lora_rank=MAX_RANK)
+    assert time.perf_counter() - started < 0.5
+    message = failed(report)["layers"]
+    assert "found layer 999999999999" in message and "(5000 digits)" in message
+    assert len(message) < 300
+
+
+def test_a_five_thousand_digit_layer_index_in_a_file_is_refused_by_the_parser(
+    good, tmp_path, fingerprint
+):
+    folder = mutate(good, tmp_path, tensors=rename("layers.1.", f"layers.{'9' * 5000}."))
+    with pytest.raises(AdapterError, match="characters; at most 1024"):
+        load_adapter_tensors(folder, fingerprint, max_lora_rank=MAX_RANK)
+
+
+@pytest.mark.parametrize(
+    "alpha",
+    [10**400, 1e300, MAX_LORA_ALPHA + 1, 0, -8, float("inf"), "8", True, [8]],
+    ids=["10**400", "1e300", "max+1", "0", "-8", "inf", "str", "bool", "list"],
+)
+def test_lora_alpha_outside_a_sane_range_is_refused(good, tmp_path, fingerprint, alpha):
+    raw = json.dumps(json.loads((good / CONFIG_FILE).read_text()) | {"lora_alpha": alpha})
+    report = check_adapter(
+        raw.encode(), parse_header(good / WEIGHTS_FILE), fingerprint, max_lora_rank=MAX_RANK
+    )
+    message = failed(report)["lora_alpha"]
+    assert f"up to {MAX_LORA_ALPHA}" in message and len(message) < 200
+
+
+def test_lora_alpha_at_the_maximum_passes(good, tmp_path, fingerprint):
+    folder = mutate(good, tmp_path, config={"lora_alpha": MAX_LORA_ALPHA})
+    report = report_for(folder, fingerprint)
+    assert report.ok and report.spec.scale == MAX_LORA_ALPHA / 4
+
+
+def test_a_config_number_too_long_to_convert_cheaply_is_refused(good, fingerprint):
+    raw = b'{"peft_type": "LORA", "r": 4, "lora_alpha": ' + b"9" * 100_000 + b"}"
+    started = time.perf_counter()
+    report = check_adapter(raw, parse_header(good / WEIGHTS_FILE), fingerprint, max_lora_rank=16)
+    assert time.perf_counter() - started < 0.5
+    assert "100000-digit number" in failed(report)["config"]
+    assert len(failed(report)["config"]) < 200
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("peft_type", "X" * 100_000),
+        ("r", ["x" * 10_000] * 100),
+        ("bias", "b" * 100_000),
+        ("target_modules", ["x" * 10_000 + ".embed_tokens", "y" * 10_000 + ".lm_head"]),
+    ],
+)
+def test_messages_quote_config_values_briefly(good, tmp_path, fingerprint, field, value):
+    folder = mutate(good, tmp_path, config={field: value})
+    report = report_for(folder, fingerprint)
+    assert not report.ok
+    assert all(len(c.message) < 400 for c in report.checks), [len(c.message) for c in report.checks]
+
+
+def test_target_modules_lists_are_bounded(good, tmp_path, fingerprint):
+    targets = [f"model.layers.{i}.self_attn.q_proj" for i in range(MAX_TARGET_MODULES + 1)]
+    folder = mutate(good, tmp_path, config={"target_modules": targets})
+    message = failed(report_for(folder, fingerprint))["target_modules"]
+    assert f"{MAX_TARGET_MODULES + 1} entries; at most {MAX_TARGET_MODULES}" in message
+
+
+def test_the_adapter_header_is_limited_to_what_an_adapter_needs(good, tmp_path, fingerprint):
+    folder = mutate(good, tmp_path)
+    weights = load_file(good / WEIGHTS_FILE)
+    save_file(weights, folder / WEIGHTS_FILE, metadata={"pad": "x" * MAX_ADAPTER_HEADER_BYTES})
+    with pytest.raises(AdapterError, match=f"above the limit of {MAX_ADAPTER_HEADER_BYTES}"):
+        load_adapter_tensors(folder, fingerprint, max_lora_rank=MAX_RANK)
 
 
 # ------------------------------------------------------------------ loader

@@ -1,10 +1,13 @@
 """The header parser refuses every malformed file with a message, and nothing else escapes."""
 
+import contextlib
+import gc
 import io
 import json
 import math
 import pickle
 import struct
+import time
 
 import numpy as np
 import pytest
@@ -332,3 +335,145 @@ def test_non_json_constants_in_the_header_are_refused(constant):
     body = ('{"__metadata__": {"x": "y"}, "t": ' + entry + "}").encode()
     with pytest.raises(HeaderError, match=constant):
         parse_header(struct.pack("<Q", len(body)) + body + b"\0" * 4)
+
+
+# ------------------------------------------------------------------ numbers and sizes an attacker picks
+
+
+def shaped(dims: str, dtype: str = "F32", offsets: str = "[0, 4]") -> bytes:
+    """A one-tensor file whose shape is the raw JSON text `dims`."""
+    raw = f'{{"t": {{"dtype": "{dtype}", "shape": [{dims}], "data_offsets": {offsets}}}}}'
+    return pack(raw.encode(), bytes(4))
+
+
+def test_many_thousand_digit_dimensions_are_refused_at_once():
+    # 200 dimensions of 4,000 digits: minutes of bignum arithmetic before, refused on sight now.
+    data = shaped(",".join(["9" * 4000] * 200))
+    started = time.perf_counter()
+    msg = refused(data)
+    assert time.perf_counter() - started < 0.5
+    assert "4000-digit number" in msg and len(msg) < 300
+
+
+def test_a_full_header_of_huge_dimensions_is_refused_at_once():
+    dims = ",".join(["9" * 4000] * (safetensors_header.MAX_HEADER_BYTES // 4001 - 1))
+    data = shaped(dims)
+    assert len(data) > safetensors_header.MAX_HEADER_BYTES - 8000
+    started = time.perf_counter()
+    refused(data)
+    assert time.perf_counter() - started < 2
+
+
+def test_dimensions_whose_product_has_more_digits_than_python_prints_are_a_header_error():
+    # Each factor converts (1,500 digits < 4,300), but the product would not print: ValueError.
+    assert "1500-digit number" in refused(shaped(",".join(["9" * 1500] * 3)))
+
+
+@pytest.mark.parametrize(
+    ("dims", "words"),
+    [
+        ([1] * 9, "9 dimensions; at most 8"),
+        ([2**40], "below 2**40"),
+        ([2**40 - 1, 2**40 - 1], "needs"),  # representable: the byte count says no
+        ([2**64], "below 2**40"),
+    ],
+)
+def test_shapes_are_bounded_before_any_arithmetic(dims, words):
+    assert words in refused(shaped(",".join(map(str, dims))))
+
+
+def test_a_number_too_long_for_any_offset_is_refused():
+    assert "21-digit number" in refused(shaped("1", offsets="[0, 100000000000000000000]"))
+
+
+def test_a_long_float_is_refused_before_conversion():
+    assert "number of 5001 characters" in refused(shaped("1." + "5" * 4999))
+
+
+def test_tensor_names_have_a_bounded_length_and_messages_quote_them_briefly():
+    name = "x" * (safetensors_header.MAX_NAME_CHARS + 1)
+    msg = refused(pack({name: entry()}, bytes(8)))
+    assert f"{safetensors_header.MAX_NAME_CHARS + 1} characters" in msg and len(msg) < 300
+
+
+def test_the_number_of_tensors_is_bounded(monkeypatch):
+    monkeypatch.setattr(safetensors_header, "MAX_TENSORS", 3)
+    header = {f"t{i}": entry("U8", (1,), (i, i + 1)) for i in range(4)}
+    assert "4 tensors; at most 3" in refused(pack(header, bytes(4)))
+    del header["t3"]
+    assert len(parse_header(pack(header, bytes(3))).tensors) == 3
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("dtype", "Q" * 100_000), ("dtype", [["x" * 1000] * 1000]), ("shape", list(range(100_000)))],
+)
+def test_messages_about_bad_values_stay_short(field, value):
+    assert len(refused(pack({"a": entry() | {field: value}}, bytes(8)))) < 400
+
+
+def test_a_very_long_shape_is_refused_without_printing_it():
+    msg = refused(shaped(",".join(["0"] * 1_000_000)))
+    assert "1000000 dimensions" in msg and len(msg) < 300
+
+
+# ------------------------------------------------------------------ parse time is linear in size
+
+# Shapes of header an attacker can grow without bound: each is one repeated unit, so a
+# header k times larger is the same attack k times over. Parsing must cost at most k times
+# as much (3k allowed for noise), where quadratic work (bignum products, printing, sorting
+# a list per entry) costs k**2.
+UNITS = {
+    "big dimensions": lambda i: "9" * 4000,
+    "offset-sized dimensions": lambda i: "18446744073709551615",
+    "many small dimensions": lambda i: "1",
+    "many tensors": lambda i: f'"t{i}": {{"dtype": "U8", "shape": [0], "data_offsets": [0, 0]}}',
+    "long names": lambda i: (
+        f'"{i:08d}{"n" * 900}": {{"dtype": "U8", "shape": [0], "data_offsets": [0, 0]}}'
+    ),
+    "escaped strings": lambda i: '"' + '\\u00e9\\n\\"' * 50 + f'{i}": "v"',
+    "nested lists": lambda i: "[" * 50 + "]" * 50,
+}
+SHAPE_UNITS = {"big dimensions", "offset-sized dimensions", "many small dimensions", "nested lists"}
+
+
+def grown(unit: str, size: int) -> bytes:
+    """A header of about `size` bytes made of `unit` repeated."""
+    make, parts, total, i = UNITS[unit], [], 0, 0
+    while total < size:
+        part = make(i)
+        parts.append(part)
+        total += len(part) + 1
+        i += 1
+    body = ",".join(parts)
+    if unit in SHAPE_UNITS:
+        return shaped(body)
+    if unit == "escaped strings":
+        return pack(('{"__metadata__": {' + body + "}}").encode())
+    return pack(("{" + body + "}").encode())
+
+
+def parse_seconds(data: bytes, repeats: int = 5) -> float:
+    """CPU seconds of the fastest of a few parses: other processes' load does not count, and
+    the collector is off so that garbage from earlier tests is not charged to this parse."""
+    best = math.inf
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(repeats):
+            started = time.process_time()
+            with contextlib.suppress(HeaderError):
+                parse_header(data)
+            best = min(best, time.process_time() - started)
+    finally:
+        gc.enable()
+    return best
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(unit=st.sampled_from(sorted(UNITS)), size=st.integers(20_000, 50_000), k=st.just(8))
+def test_parse_time_grows_at_most_linearly_with_header_size(unit, size, k):
+    small, large = grown(unit, size), grown(unit, k * size)
+    t_small, t_large = parse_seconds(small), parse_seconds(large)
+    # 2 ms of slack for timer ticks and page faults in a parse of a fraction of a millisecond.
+    assert t_large <= 3 * k * t_small + 0.002, (unit, len(small), t_small, len(large), t_large)

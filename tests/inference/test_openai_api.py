@@ -100,11 +100,21 @@ def test_completions_endpoint(live_engine_server):
     assert streamed == reply.choices[0].text
 
 
-def test_logprobs_are_returned(live_engine_server):
-    reply = greedy_chat(live_engine_server, BASE_NAME, logprobs=True, top_logprobs=3)
+def test_logprobs_are_returned_for_every_generated_token(live_engine_server):
+    reply = greedy_chat(
+        live_engine_server,
+        BASE_NAME,
+        logprobs=True,
+        top_logprobs=3,
+        extra_body={"ignore_eos": True},
+    )
     entries = reply.choices[0].logprobs.content
-    assert len(entries) == reply.usage.completion_tokens or reply.choices[0].finish_reason == "stop"
+    assert reply.choices[0].finish_reason == "length"  # ignore_eos: all 12 tokens, no early stop
+    assert len(entries) == reply.usage.completion_tokens == 12
     assert all(len(e.top_logprobs) == 3 and e.logprob <= 0 for e in entries)
+    # greedy: the chosen token is the most likely one, and its text is part of the answer
+    assert all(e.logprob == max(t.logprob for t in e.top_logprobs) for e in entries)
+    assert "".join(e.token for e in entries) == reply.choices[0].message.content
 
 
 def test_models_lists_only_the_callers_tenant(live_engine_server):
@@ -176,6 +186,11 @@ def post_raw(server, body: bytes | dict, headers=None):
             400,
             "messages[0].role",
         ),
+        (  # found by the API fuzzer (tests/fuzz): a role that is not a string was a 500
+            {"model": BASE_NAME, "messages": [{"role": {}, "content": "hi"}]},
+            400,
+            "messages[0].role",
+        ),
         (
             {"model": BASE_NAME, "messages": [{"role": "user", "content": ""}]},
             400,
@@ -235,6 +250,38 @@ def test_disconnect_mid_stream_frees_the_engine_request(live_engine_server):
         assert time.monotonic() < deadline, "the aborted request still holds KV blocks"
         time.sleep(0.1)
     assert metric(live_engine_server, "loraplex_requests_running") == 0
+
+
+def test_metrics_scraped_during_a_stream_show_it_running(live_engine_server):
+    body = {
+        "model": "pirate",
+        "messages": QUESTION,
+        "max_tokens": 400,
+        "stream": True,
+        "ignore_eos": True,
+    }
+    before = metric(live_engine_server, "loraplex_generation_tokens_total")
+    with httpx.stream(
+        "POST",
+        f"{live_engine_server.url}/v1/chat/completions",
+        json=body,
+        timeout=60,
+        headers={"Authorization": f"Bearer {live_engine_server.key_a}"},
+    ) as response:
+        lines = response.iter_lines()
+        while '"content":""' in (line := next(lines)) or not line:
+            pass  # the role chunk first: then tokens, so the request is in the batch
+        deadline = time.monotonic() + 10
+        while metric(live_engine_server, "loraplex_requests_running") < 1:
+            assert time.monotonic() < deadline, "a streaming request is not counted as running"
+            time.sleep(0.05)
+        assert metric(live_engine_server, "loraplex_lora_slots_used") >= 1  # pirate's slot
+        assert metric(live_engine_server, "loraplex_generation_tokens_total") > before
+        assert metric(live_engine_server, "vllm:kv_cache_usage_perc") > 0
+    deadline = time.monotonic() + 20  # closing the stream aborts it: the gauge falls back
+    while metric(live_engine_server, "loraplex_requests_running") > 0:
+        assert time.monotonic() < deadline, "the closed stream still counts as running"
+        time.sleep(0.1)
 
 
 def test_metrics_expose_engine_and_router_gauges(live_engine_server):

@@ -83,6 +83,7 @@ def test_neutral_values_of_unsupported_parameters_are_accepted():
             "invalid_request",
         ),
         ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role", "invalid_request"),
+        ({"messages": [{"role": {}, "content": "x"}]}, "messages[0].role", "invalid_request"),
         ({"max_tokens": 0}, "max_tokens", "invalid_request"),
         ({"max_completion_tokens": -1}, "max_completion_tokens", "invalid_request"),
         ({"temperature": 3}, "temperature", "invalid_request"),

@@ -1,15 +1,18 @@
-"""The engine's operator endpoints: one route per action of the shared protocol, staff only.
+"""The engine's operator endpoints: one route per action of the shared protocol, operators only
+(the operator token, or a staff session with `registry.operate_engines` and the CSRF token).
 
 No engine runs here (LORAPLEX_ENGINE=off): what is tested is routing, authorisation and
 the refusals, which come before the engine is touched.
 """
 
 import pytest
+from django.contrib.auth.models import Permission
 from django.test import Client
 from django.urls import Resolver404, resolve
 
 from inference import operator_protocol as protocol
 from inference import views
+from inference.engine_host import HOST
 from inference.errors import ModelNotFound, ProtocolError
 from inference.operator import resolve_operator_name
 
@@ -72,11 +75,79 @@ def test_without_an_engine_actions_are_503_and_the_listing_is_empty():
     assert call("GET", protocol.LIST).json() == {"object": "list", "data": []}
 
 
-def test_a_staff_session_is_an_operator(django_user_model):
-    staff = django_user_model.objects.create_user("ops", password="pw", is_staff=True)
-    client = Client()
-    client.force_login(staff)
-    assert client.get(protocol.path(protocol.LIST)).status_code == 200
+@pytest.fixture
+def staff(django_user_model):
+    """staff(operate=...) -> a signed-in staff member's client that enforces CSRF."""
+
+    def make(*, operate: bool):
+        user = django_user_model.objects.create_user("ops", password="pw", is_staff=True)
+        if operate:
+            user.user_permissions.add(Permission.objects.get(codename="operate_engines"))
+        client = Client(enforce_csrf_checks=True)
+        client.force_login(user)
+        return client
+
+    return make
+
+
+def test_a_staff_session_with_the_permission_is_an_operator(staff):
+    assert staff(operate=True).get(protocol.path(protocol.LIST)).status_code == 200
+
+
+@pytest.mark.parametrize("action", [protocol.LOAD, protocol.UNLOAD, protocol.PIN, protocol.LIST])
+def test_being_staff_is_not_enough(staff, action):
+    client = staff(operate=False)
+    if action == protocol.LIST:
+        response = client.get(protocol.path(action))
+    else:
+        response = client.post(protocol.path(action), {}, content_type="application/json")
+    assert response.status_code == 403
+    assert response.json()["error"]["code"] == "operator_only"
+    assert "registry.operate_engines" in response.json()["error"]["message"]
+
+
+def test_a_staff_sessions_post_without_the_csrf_token_is_refused(staff):
+    client = staff(operate=True)
+    body = {protocol.LORA_NAME: "tenant-a/bot"}
+    forged = client.post(protocol.path(protocol.PIN), body, content_type="application/json")
+    assert forged.status_code == 403 and forged.json()["error"]["code"] == "csrf_failed"
+
+    client.get("/admin/")  # a page of the site sets the CSRF cookie, as in a browser
+    token = client.cookies["csrftoken"].value
+    answered = client.post(
+        protocol.path(protocol.PIN),
+        body,
+        content_type="application/json",
+        headers={"X-CSRFToken": token},
+    )  # past authorisation: no engine runs here
+    assert answered.status_code == 503
+    assert answered.json()["error"]["code"] == "engine_unavailable"
+
+
+def test_the_listing_shows_no_local_paths(monkeypatch):
+    class Engine:
+        async def list_loras(self):
+            return [
+                {
+                    "name": "tenant-a/bot:1",
+                    "adapter_id": "0f" * 16,
+                    "path": "/var/lib/loraplex/adapter-cache/0f0f",
+                    "tier": "device",
+                    "slot": 0,
+                    "pinned": True,
+                    "loading": False,
+                    "rank": 8,
+                    "running": 1,
+                    "waiting": 0,
+                }
+            ]
+
+    monkeypatch.setattr(HOST, "engine", Engine())
+    response = call("GET", protocol.LIST)
+    assert response.status_code == 200
+    (listed,) = response.json()["data"]
+    assert "path" not in listed and "/var/lib" not in response.content.decode()
+    assert listed["name"] == "tenant-a/bot:1" and listed["tier"] == "device"
 
 
 @pytest.mark.parametrize("name", [None, "bot", "tenant-a/", "tenant-a/Bot", 42])

@@ -327,7 +327,7 @@ def test_bad_alias_names_are_400(alias, code, client, adapter, good_adapter_dir)
         ("s3://training/a/./b/", "'.', '..'"),
         ("s3://training/a//b/", "empty segments"),
         ("http://training/a/", "s3://bucket/prefix/"),
-        ("s3://not-allowed/a/", "not open for imports"),
+        ("s3://not-allowed/a/", "not under an import prefix of this tenant (s3://training/)"),
         ("s3:///a/", "s3://bucket/prefix/"),
     ],
 )
@@ -335,6 +335,8 @@ def test_bad_import_sources_are_400_naming_the_source(
     source, words, client, adapter, settings, upload_tmp
 ):
     settings.S3_IMPORT_BUCKETS = ["training"]
+    adapter.tenant.s3_import_prefixes = "s3://training/"
+    adapter.tenant.save()
     response = client.post(
         "/api/v1/adapters/support-bot/versions/", {"source": source}, format="json"
     )
@@ -347,6 +349,8 @@ def test_bad_import_sources_are_400_naming_the_source(
 def test_the_deployments_own_bucket_is_never_importable(client, adapter, settings):
     settings.S3_BUCKET = "loraplex-objects"
     settings.S3_IMPORT_BUCKETS = ["loraplex-objects"]
+    adapter.tenant.s3_import_prefixes = "s3://loraplex-objects/"  # an operator's slip
+    adapter.tenant.save()
     response = client.post(
         "/api/v1/adapters/support-bot/versions/",
         {"source": "s3://loraplex-objects/adapters/2/7/abc/"},

@@ -1,7 +1,9 @@
 """Faults: storage that fails, workers that die, bytes that change. Nothing stays stuck and
 nothing unverified is staged."""
 
+import signal
 import socket
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -11,6 +13,7 @@ from django.utils import timezone
 
 from audit.models import AuditEvent
 from platform_site.celery import app as celery_app
+from registry import queue
 from registry.models import AdapterVersion
 from registry.services.versions import (
     adapter_version_create,
@@ -19,7 +22,10 @@ from registry.services.versions import (
 )
 from registry.staging import StagingError, ensure_staged
 from registry.tasks import sweep_stuck_validations
-from tests.registry.conftest import ALICE_ACTOR, make_ready_version, wait_for
+from tests.faults.proxy import FaultProxy
+from tests.faults.services import RedisServer
+from tests.faults.workers import start_worker, stop
+from tests.registry.conftest import ALICE_ACTOR, make_ready_version, sha256_of, wait_for
 
 
 def create_version(adapter, folder: Path) -> AdapterVersion:
@@ -205,4 +211,173 @@ def test_storage_down_during_an_upload_is_503_and_leaves_nothing(
             "OPTIONS": {**settings.STORAGES["default"]["OPTIONS"], "endpoint_url": s3.endpoint},
         },
     }
+    assert s3.client.list_objects_v2(Bucket=s3.bucket).get("KeyCount") == 0
+
+
+# ---------------------------------------------------------------- faults with real processes
+
+
+@pytest.fixture
+def broker(tmp_path):
+    """A Redis of this test's own as the workers' broker: killing one loses nothing shared."""
+    server = RedisServer(tmp_path).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def proxy(s3):
+    """A faulty network between a worker (or this process) and moto's S3."""
+    proxy = FaultProxy(s3.endpoint)
+    yield proxy
+    proxy.close()
+
+
+def publish(broker_url: str, task: str, *args) -> None:
+    """Queue a task by name on that broker (not the configured one), as the services do."""
+    with celery_app.connection_for_write(broker_url) as connection:
+        celery_app.send_task(task, args=list(args), connection=connection)
+
+
+def staged_folders(cache: Path) -> list[str]:
+    """What the engine's loader can see: folders without a leading dot."""
+    return (
+        sorted(p.name for p in cache.iterdir() if not p.name.startswith("."))
+        if cache.exists()
+        else []
+    )
+
+
+def assert_staged_intact(cache: Path, version) -> None:
+    folder = cache / version.uid.hex
+    assert sha256_of(folder / "adapter_config.json") == version.config_sha256
+    assert sha256_of(folder / "adapter_model.safetensors") == version.weights_sha256
+
+
+def test_a_worker_killed_mid_download_leaves_no_folder_and_the_task_goes_to_another(
+    transactional_db, s3, proxy, broker, adapter, good_adapter_dir, settings, tmp_path
+):
+    version = make_ready_version(adapter, good_adapter_dir)
+    cache = settings.ADAPTER_CACHE_DIR
+    common = {
+        "CELERY_BROKER_URL": broker.url,
+        "CELERY_RESULT_BACKEND": "",
+        "LORAPLEX_BROKER_VISIBILITY_TIMEOUT": "3",
+    }
+    proxy.set("slow", rate=2048)  # the 8 KiB of weights take about 4 s
+    first = start_worker(tmp_path / "worker-1.log", AWS_S3_ENDPOINT_URL=proxy.url, **common)
+    second = None
+    try:
+        publish(broker.url, queue.STAGE, version.pk)
+        taken = time.monotonic()
+
+        def downloading():
+            temps = [p for p in cache.glob(f".{version.uid.hex}.*") if p.is_dir()]
+            return temps and (temps[0] / "adapter_model.safetensors").exists() and temps[0]
+
+        temp = wait_for(downloading, timeout=30, what="the first worker to download the weights")
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=10)
+        # Only the hidden temporary folder holds the partial copy: nothing the engine loads.
+        assert staged_folders(cache) == []
+        assert temp.name.startswith(".") and temp.exists()
+
+        time.sleep(max(0.0, 3.5 - (time.monotonic() - taken)))  # past the visibility timeout
+        second = start_worker(tmp_path / "worker-2.log", AWS_S3_ENDPOINT_URL=s3.endpoint, **common)
+        wait_for(lambda: staged_folders(cache), timeout=60, what="the task redelivered")
+        assert staged_folders(cache) == [version.uid.hex]
+        assert_staged_intact(cache, version)
+        assert "registry.stage_adapter_version" in (tmp_path / "worker-2.log").read_text()
+    finally:
+        stop(first)
+        if second is not None:
+            stop(second)
+
+
+def test_staging_through_failing_storage_is_retried_then_given_up_leaving_nothing(
+    transactional_db,
+    s3,
+    proxy,
+    broker,
+    adapter,
+    good_adapter_dir,
+    second_adapter_dir,
+    settings,
+    tmp_path,
+):
+    flaky = make_ready_version(adapter, good_adapter_dir)
+    down = make_ready_version(adapter, second_adapter_dir)
+    cache = settings.ADAPTER_CACHE_DIR
+    log = tmp_path / "worker.log"
+    worker = start_worker(
+        log,
+        AWS_S3_ENDPOINT_URL=proxy.url,
+        AWS_MAX_ATTEMPTS="1",
+        CELERY_BROKER_URL=broker.url,
+        CELERY_RESULT_BACKEND="",
+        LORAPLEX_TASK_RETRIES="2",
+        LORAPLEX_TASK_RETRY_BACKOFF_SECONDS="0.2",
+    )
+    try:
+        # Connections die mid-way through the weights, twice; the third attempt gets through.
+        proxy.set("cut", cut_after=5000, cut_connections=2, cuts=0)
+        publish(broker.url, queue.STAGE, flaky.pk)
+        wait_for(lambda: staged_folders(cache), timeout=60, what="staging after two cuts")
+        assert proxy.cuts == 2 and log.read_text().count("Retry in") == 2
+        assert_staged_intact(cache, flaky)
+
+        # Every connection dies: three attempts, then the task gives up.
+        proxy.set("cut", cut_after=5000, cut_connections=None, cuts=0)
+        publish(broker.url, queue.STAGE, down.pk)
+        wait_for(
+            lambda: f"{queue.STAGE}[" in log.read_text() and " raised " in log.read_text(),
+            timeout=60,
+            what="the task to give up",
+        )
+        assert proxy.cuts >= 3
+        assert "StorageUnavailable" in log.read_text()
+    finally:
+        stop(worker)
+    # Nothing half-written anywhere, and the version is still ready: the serving path's
+    # cache miss stages it once storage answers again.
+    assert staged_folders(cache) == [flaky.uid.hex]
+    assert [p.name for p in cache.iterdir() if p.name.startswith(".")] == []
+    down.refresh_from_db()
+    assert down.status == "ready"
+    proxy.set("pass")
+    assert ensure_staged(down) == cache / down.uid.hex
+    assert_staged_intact(cache, down)
+
+
+@pytest.mark.parametrize("side", ["source bucket", "deployment's bucket"])
+def test_storage_failing_mid_import_is_503_and_stores_nothing(
+    db, s3, proxy, settings, monkeypatch, adapter, alice, user_client, good_adapter_dir, side
+):
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+    training = s3.create_bucket(f"training-{s3.bucket}")
+    settings.S3_IMPORT_BUCKETS = [training]
+    adapter.tenant.s3_import_prefixes = f"s3://{training}/"  # as an operator allows it
+    adapter.tenant.save()
+    s3.put_folder(training, "run/", good_adapter_dir)
+    if side == "source bucket":
+        settings.S3_IMPORT_ENDPOINT_URL = proxy.url
+    else:
+        options = {**settings.STORAGES["default"]["OPTIONS"], "endpoint_url": proxy.url}
+        settings.STORAGES = {
+            **settings.STORAGES,
+            "default": {**settings.STORAGES["default"], "OPTIONS": options},
+        }
+    # The small config gets through; the connection dies in the middle of the weights.
+    proxy.set("cut", cut_after=5000)
+
+    response = user_client(alice).post(
+        "/api/v1/adapters/support-bot/versions/", {"source": f"s3://{training}/run/"}, format="json"
+    )
+    assert response.status_code == 503, response.content
+    error = response.json()["error"]
+    assert error["code"] == "storage_unavailable"
+    assert "adapter_model.safetensors" in error["message"] and proxy.cuts >= 1
+    assert "127.0.0.1" not in error["message"]
+    assert AdapterVersion.objects.count() == 0
+    assert not AuditEvent.objects.filter(verb="version.upload").exists()
     assert s3.client.list_objects_v2(Bucket=s3.bucket).get("KeyCount") == 0

@@ -83,6 +83,8 @@ def test_import_from_an_allowed_bucket_makes_the_same_version_as_an_upload(
     source_bucket = s3.create_bucket(f"training-{s3.bucket}")
     s3.put_folder(source_bucket, "runs/42/", good_adapter_dir)
     settings.S3_IMPORT_BUCKETS = [source_bucket]
+    tenant_a.s3_import_prefixes = f"s3://{source_bucket}/runs/"
+    tenant_a.save()
     _, key = make_key(tenant_a)
     client = key_client(key)
     client.post("/api/v1/adapters/", {"name": "imported"}, format="json")

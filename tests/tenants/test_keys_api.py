@@ -3,7 +3,8 @@
 import pytest
 
 from tenants.models import ApiKey
-from tenants.scopes import INFERENCE, KEYS_WRITE
+from tenants.scopes import ADMIN, INFERENCE, KEYS_WRITE, REGISTRY_READ, REGISTRY_WRITE
+from tenants.services import membership_set
 
 pytestmark = pytest.mark.django_db
 
@@ -29,11 +30,46 @@ def test_owner_creates_a_key_and_sees_it_once(tenant_a, alice, user_client, key_
     assert "key" not in detail
 
 
-def test_a_key_with_keys_write_can_create_keys(tenant_a, make_key, key_client):
-    _, full = make_key(tenant_a, scopes=[KEYS_WRITE])
+def test_a_key_with_keys_write_can_create_keys_with_its_scopes(tenant_a, make_key, key_client):
+    _, full = make_key(tenant_a, scopes=[KEYS_WRITE, INFERENCE])
     response = create(key_client(full), name="child")
     assert response.status_code == 201
     assert ApiKey.objects.get(pk=response.json()["id"]).tenant == tenant_a
+
+
+@pytest.mark.parametrize(
+    "held, asked, lacking",
+    [
+        ([KEYS_WRITE], [INFERENCE], "inference"),
+        ([KEYS_WRITE, REGISTRY_READ], [REGISTRY_READ, REGISTRY_WRITE], "registry:write"),
+        ([KEYS_WRITE, INFERENCE], [INFERENCE, REGISTRY_READ, REGISTRY_WRITE], "registry:read"),
+    ],
+)
+def test_a_key_cannot_mint_a_key_with_scopes_it_lacks(
+    tenant_a, make_key, key_client, held, asked, lacking
+):
+    parent, full = make_key(tenant_a, scopes=held)
+    response = create(key_client(full), name="stronger", scopes=asked)
+    assert response.status_code == 403
+    error = response.json()["error"]
+    assert error["code"] == "scope_not_held" and error["param"] == "scopes"
+    assert lacking in error["message"]
+    assert list(ApiKey.objects.all()) == [parent]
+
+
+def test_a_member_grants_no_more_than_their_role(tenant_a, bob, user_client, monkeypatch):
+    """Roles with keys:write hold every scope today; a narrower one must still be bounded."""
+    from tenants import scopes
+
+    membership_set(tenant=tenant_a, user=bob, role=ADMIN)
+    narrower = {**scopes.SCOPES_BY_ROLE, ADMIN: frozenset({KEYS_WRITE, INFERENCE})}
+    monkeypatch.setattr("tenants.principal.SCOPES_BY_ROLE", narrower)
+    client = user_client(bob)
+    assert create(client, scopes=[INFERENCE]).status_code == 201
+    response = create(client, scopes=[INFERENCE, REGISTRY_WRITE])
+    assert response.status_code == 403
+    assert response.json()["error"]["code"] == "scope_not_held"
+    assert ApiKey.objects.count() == 1
 
 
 def test_stored_row_never_contains_the_secret(tenant_a, alice, user_client):
@@ -115,12 +151,32 @@ def test_revoking_twice_keeps_the_first_time(tenant_a, alice, make_key, user_cli
         ({"name": ""}, "name"),
         ({"expires_in_days": 0}, "expires_in_days"),
         ({"name": "x" * 101}, "name"),
+        ({"expires_in_days": 3651}, "expires_in_days"),
+        ({"expires_in_days": 2**64}, "expires_in_days"),
+        ({"expires_in_days": -1}, "expires_in_days"),
+        ({"expires_in_days": 1.5}, "expires_in_days"),
     ],
 )
 def test_bad_key_requests_are_400_naming_the_field(body, param, tenant_a, alice, user_client):
     response = create(user_client(alice), **body)
     assert response.status_code == 400
     assert response.json()["error"]["param"] == param
+    assert ApiKey.objects.count() == 0
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        '{"name": "x", "scopes": ["inference"], "expires_in_days": 1e309}',
+        '{"name": "x", "scopes": ["inference"], "expires_in_days": NaN}',
+        '{"name": "x", "scopes": ["inference"], "expires_in_days": 1' + "0" * 5000 + "}",
+        "[" * 100_000,  # nested past Python's recursion limit: was a 500
+    ],
+)
+def test_bodies_with_unparseable_numbers_or_nesting_are_400(raw, tenant_a, alice, user_client):
+    response = user_client(alice).post("/api/v1/keys/", raw, content_type="application/json")
+    assert response.status_code == 400, response.content[:300]
+    assert response.json()["error"]["code"] in {"parse_error", "invalid_request"}
     assert ApiKey.objects.count() == 0
 
 

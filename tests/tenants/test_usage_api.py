@@ -104,6 +104,8 @@ def test_every_name_for_one_version_counts_in_one_row(tenant_a, make_key, key_cl
         ("group_by=tenant", "group_by"),
         ("start=yesterday", "start"),
         ("start=2030-01-02T00:00:00Z&end=2030-01-01T00:00:00Z", "start"),
+        ("end=0001-01-02T00:00:00Z", "end"),  # 30 days before it is no date: was a 500
+        ("end=10000-01-01T00:00:00Z", "end"),
     ],
 )
 def test_bad_usage_queries_name_the_parameter(tenant_a, make_key, key_client, query, param):

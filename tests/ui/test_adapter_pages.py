@@ -3,6 +3,7 @@
 from datetime import timedelta
 
 import pytest
+from django.test import Client
 from django.utils import timezone
 
 from audit.models import AuditEvent
@@ -11,6 +12,7 @@ from registry.services.adapters import adapter_create
 from registry.services.aliases import alias_set
 from tenants.models import UsageRecord
 from tests.ui.conftest import ALICE_ACTOR, make_version, page
+from tests.ui.forms import press
 
 pytestmark = pytest.mark.django_db
 
@@ -128,15 +130,21 @@ def test_rollback_points_the_alias_back_where_it_was(
 ):
     make_version(adapter, good_adapter_dir)
     make_version(adapter, second_adapter_dir)
-    client = signed_in(alice)
-    client.post("/adapters/support-bot/aliases/production/", {"version": 1})
-    client.post("/adapters/support-bot/aliases/production/", {"version": 2})
+    client = Client(enforce_csrf_checks=True)  # as a browser: the page's token or nothing
+    client.force_login(alice)
+    promote = page(client.get("/adapters/support-bot/"))
+    press(client, promote, "data-promote", "1")
+    press(client, page(client.get("/adapters/support-bot/")), "data-promote", "2")
+    assert Alias.objects.get(name="production").version.number == 2
 
     html = page(client.get("/adapters/support-bot/"))
     assert "Roll back to v1" in html
+    response = press(client, html, "data-rollback", "production")
 
-    client.post("/adapters/support-bot/aliases/production/", {"version": 1})
+    assert response.status_code == 200
+    assert "support-bot@production now serves v1" in page(response)
     assert Alias.objects.get(name="production").version.number == 1
+    assert "Roll back to v2" in page(response)  # and the rollback can itself be undone
 
 
 def test_a_canary_takes_its_weight_and_a_bad_weight_is_explained(

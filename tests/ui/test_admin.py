@@ -1,10 +1,14 @@
 """The operators' admin: every model listed with useful columns, and actions that do what they
-say (checked in the database, on disk, or by the calls a recording engine received)."""
+say (checked in the database, on disk, or by the calls a recording engine received). Each
+action needs its permission: staff who may only view act on nothing, even by a forged POST."""
 
 import pytest
+from django.contrib.auth.models import Permission
+from django.test import Client
 
 from audit.models import AuditEvent
-from registry.models import AdapterVersion
+from registry import admin as registry_admin
+from registry.models import AdapterVersion, Alias
 from registry.services.aliases import alias_set
 from tenants.models import ApiKey, Tenant, UsageRecord
 from tests.registry.conftest import wait_for
@@ -24,6 +28,7 @@ def engine(settings):
     recorder, server = start_recorder()
     settings.ENGINE_URLS = [recorder.url]
     settings.OPERATOR_TOKEN = "operator-secret"
+    settings.METRICS_TOKEN = "metrics-secret"
     yield recorder
     server.shutdown()
     server.server_close()
@@ -168,7 +173,10 @@ def test_the_engines_page_shows_adapters_by_tier_slots_kv_and_hit_rates(operator
     assert "<td>2 / 8</td>" in html  # slots
     assert "<td>30 / 120</td>" in html and "<td>25%</td>" in html  # KV blocks, usage
     assert "<td>device</td><td>40</td><td>30</td>\n          <td>75%</td>" in html
-    assert [c.authorization for c in engine.calls] == ["Bearer operator-secret"] * 2
+    assert [(c.path, c.authorization) for c in engine.calls] == [
+        ("/v1/lora_adapters", "Bearer operator-secret"),
+        ("/metrics", "Bearer metrics-secret"),  # the metrics token, not the operator's
+    ]
 
 
 @pytest.mark.django_db
@@ -181,3 +189,132 @@ def test_the_engines_page_explains_a_missing_configuration(operator, settings):
 def test_the_engines_page_is_for_staff_only(signed_in, alice, tenant_a):
     response = signed_in(alice).get("/admin/engines/")
     assert response.status_code == 302 and "/admin/login/" in response["Location"]
+
+
+# ---------------------------------------------------------------- permissions
+
+MODELS = {
+    "tenants/tenant": "tenant",
+    "tenants/apikey": "apikey",
+    "registry/basemodel": "basemodel",
+    "registry/adapter": "adapter",
+    "registry/adapterversion": "adapterversion",
+    "registry/alias": "alias",
+}
+# (model path, action, the object it would change)
+ACTIONS = [
+    ("tenants/tenant", "suspend", "tenants/tenant"),
+    ("tenants/tenant", "reactivate", "suspended tenant"),
+    ("tenants/apikey", "revoke", "tenants/apikey"),
+    ("registry/basemodel", "recheck", "registry/basemodel"),
+    ("registry/adapter", "pin", "registry/adapter"),
+    ("registry/adapter", "unpin", "registry/adapter"),
+    ("registry/adapterversion", "revalidate", "rejected version"),
+    ("registry/adapterversion", "restage", "registry/adapterversion"),
+    ("registry/adapterversion", "promote", "registry/adapterversion"),
+    ("registry/adapterversion", "pin", "registry/adapterversion"),
+    ("registry/adapterversion", "unpin", "registry/adapterversion"),
+    ("registry/alias", "pin", "registry/alias"),
+    ("registry/alias", "unpin", "registry/alias"),
+]
+
+
+@pytest.fixture
+def staff(django_user_model):
+    """staff(*codenames) -> a client signed in as a staff user with just those permissions."""
+
+    def make(*codenames):
+        user = django_user_model.objects.create_user("viewer", password="pw", is_staff=True)
+        user.user_permissions.add(*Permission.objects.filter(codename__in=codenames))
+        client = Client()
+        client.force_login(user)
+        return client
+
+    return make
+
+
+@pytest.fixture
+def everything(adapter, good_adapter_dir, tenant_a, tenant_b, make_key, monkeypatch):
+    """An object for each action to change; queued tasks are recorded, not sent."""
+    version = make_version(adapter, good_adapter_dir)
+    alias_set(adapter=adapter, name="production", version_number=1, actor=ALICE_ACTOR)
+    rejected = make_version(adapter, good_adapter_dir, weights=b"broken")
+    key, _ = make_key(tenant_a)
+    Tenant.objects.filter(pk=tenant_b.pk).update(is_active=False)
+    queued = []
+    monkeypatch.setattr(registry_admin.queue, "send_on_commit", lambda *a: queued.append(a))
+    return {
+        "tenants/tenant": tenant_a,
+        "tenants/apikey": key,
+        "registry/basemodel": adapter.base_model,
+        "registry/adapter": adapter,
+        "registry/adapterversion": version,
+        "registry/alias": Alias.objects.get(),
+        "rejected version": rejected,
+        "suspended tenant": tenant_b,
+        "queued": queued,
+    }
+
+
+def state() -> tuple:
+    return (
+        list(Tenant.objects.values("pk", "is_active")),
+        list(ApiKey.objects.values("pk", "revoked_at")),
+        list(AdapterVersion.objects.values("pk", "status", "attempts")),
+        list(Alias.objects.values("pk", "name", "version_id")),
+        AuditEvent.objects.count(),
+    )
+
+
+VIEW_ONLY = [f"view_{name}" for name in MODELS.values()]
+
+
+@pytest.mark.django_db
+def test_view_only_staff_see_the_lists_but_no_actions(staff, everything):
+    client = staff(*VIEW_ONLY)
+    for path in MODELS:
+        response = client.get(f"/admin/{path}/")
+        assert response.status_code == 200, path
+        assert 'name="action"' not in page(response), path
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("path, action, target", ACTIONS)
+def test_a_forged_action_from_view_only_staff_does_nothing(
+    staff, everything, engine, path, action, target
+):
+    before = state()
+    response = act(staff(*VIEW_ONLY), path, action, [everything[target]])
+    assert response.status_code == 200  # the list again: no action ran
+    assert state() == before
+    assert engine.calls == [] and everything["queued"] == []
+
+
+@pytest.mark.django_db
+def test_changing_is_not_operating_the_engines(staff, everything, engine):
+    """The change permissions let staff re-validate or suspend, not pin on the engines."""
+    client = staff(*VIEW_ONLY, "change_tenant", "change_adapterversion", "change_alias")
+    versions = page(client.get("/admin/registry/adapterversion/"))
+    assert 'value="revalidate"' in versions and 'value="promote"' in versions
+    assert 'value="pin"' not in versions
+
+    act(client, "registry/adapterversion", "pin", [everything["registry/adapterversion"]])
+    assert engine.calls == []
+    act(client, "tenants/tenant", "suspend", [everything["tenants/tenant"]])
+    assert Tenant.objects.get(pk=everything["tenants/tenant"].pk).is_active is False
+
+    assert client.get("/admin/engines/").status_code == 403
+    assert 'href="/admin/engines/"' not in page(client.get("/admin/"))
+
+
+@pytest.mark.django_db
+def test_the_operate_engines_permission_pins_and_opens_the_engines_page(staff, everything, engine):
+    client = staff(*VIEW_ONLY, "operate_engines")
+    act(client, "registry/alias", "pin", [everything["registry/alias"]])
+    assert [c.path for c in engine.calls] == ["/v1/pin_lora_adapter"]
+    assert client.get("/admin/engines/").status_code == 200
+    assert 'href="/admin/engines/"' in page(client.get("/admin/"))
+    # ... and nothing else: re-validating still needs the change permission.
+    before = state()
+    act(client, "registry/adapterversion", "revalidate", [everything["rejected version"]])
+    assert state() == before

@@ -110,3 +110,20 @@ def test_a_members_upload_through_the_api_the_page_uses_is_refused(
     )
     assert response.status_code == 403
     assert response.json()["error"]["code"] == "insufficient_scope"
+
+
+def test_the_keys_page_grants_no_scope_beyond_the_role(signed_in, bob, tenant_a, monkeypatch):
+    """Roles with keys:write hold every scope today; a narrower one must still be bounded."""
+    from tenants import scopes
+
+    membership_set(tenant=tenant_a, user=bob, role=ADMIN)
+    narrower = {**scopes.SCOPES_BY_ROLE, ADMIN: frozenset({scopes.KEYS_WRITE, scopes.INFERENCE})}
+    monkeypatch.setattr("tenants.principal.SCOPES_BY_ROLE", narrower)
+    client = signed_in(bob)
+    refused = client.post("/keys/", {"name": "stronger", "scopes": ["inference", "registry:write"]})
+    assert refused.status_code == 403
+    assert "You can grant only scopes you hold; you lack registry:write." in page(refused)
+    assert not ApiKey.objects.exists()
+    created = client.post("/keys/", {"name": "same", "scopes": ["inference"]})
+    assert created.status_code == 201
+    assert ApiKey.objects.get().scopes == ["inference"]

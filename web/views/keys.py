@@ -8,6 +8,7 @@ from django.shortcuts import redirect
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods, require_POST
 
+from tenants.errors import ScopeNotHeld
 from tenants.scopes import KEYS_WRITE
 from tenants.selectors import api_key_get, api_key_list
 from tenants.services import api_key_create, api_key_revoke
@@ -53,11 +54,15 @@ def key_create(request):
             created_by=request.user,
             expires_at=timezone.now() + timedelta(days=days) if days else None,
             actor=request.principal.label,
+            grantable=request.principal.scopes,
         )
     except ValidationError as exc:
         for field, errors in exc.message_dict.items():
             form.add_error(field if field in form.fields else None, errors)
         return _page(request, form, status=400)
+    except ScopeNotHeld as exc:
+        form.add_error("scopes", exc.message)
+        return _page(request, form, status=exc.status)
     return _page(request, ApiKeyCreateForm(), new_key={"key": api_key, "full": full}, status=201)
 
 

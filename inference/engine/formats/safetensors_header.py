@@ -2,9 +2,12 @@
 
 The registry validates uploads before anything loads them, so this parser must
 survive arbitrary bytes: it returns a `SafetensorsHeader` or raises
-`HeaderError`, never anything else. It is as strict as the reference Rust
-loader (tensors must tile the data buffer exactly), so whatever passes here
-also opens with `safetensors`.
+`HeaderError`, never anything else, in time linear in the header's size. Every
+number is bounded before any arithmetic (JSON integers by their digit count,
+before Python converts them), and messages quote the file's values briefly.
+It is as strict as the reference Rust loader (tensors must tile the data
+buffer exactly) and stricter on sizes, so whatever passes here also opens
+with `safetensors`.
 """
 
 from __future__ import annotations
@@ -13,11 +16,22 @@ import io
 import json
 import math
 import os
+import reprlib
 import struct
 from dataclasses import dataclass
 from typing import Any, BinaryIO, NoReturn
 
 MAX_HEADER_BYTES = 16 * 1024 * 1024
+# Far above any real checkpoint, far below what costs time: a tensor has at most
+# MAX_DIMS dimensions, each below MAX_DIM; a file names at most MAX_TENSORS tensors.
+MAX_DIMS = 8
+MAX_DIM = 2**40
+MAX_TENSORS = 1 << 17
+MAX_NAME_CHARS = 1024
+# Offsets are u64 in the format: 2**64 - 1 has 20 digits. Python converts a digit
+# string in time quadratic in its length, so longer ones are refused unconverted.
+_MAX_INT_DIGITS = 20
+_MAX_FLOAT_CHARS = 40
 
 # Bytes per element. F8 names are accepted so such files parse; nothing here
 # computes with them.
@@ -55,6 +69,16 @@ _PICKLE_OR_ZIP = (b"\x80", b"PK")
 
 class HeaderError(ValueError):
     """The file is not a safetensors file this platform accepts."""
+
+
+_brief = reprlib.Repr()  # keyword arguments only from Python 3.12
+_brief.maxlevel, _brief.maxlist, _brief.maxdict = 2, 4, 4
+_brief.maxstring = _brief.maxother = 60
+
+
+def show(value: object) -> str:
+    """A short repr of a value from the file, whatever its size, for messages."""
+    return _brief.repr(value)
 
 
 @dataclass(frozen=True)
@@ -115,6 +139,8 @@ def _parse(f: BinaryIO, file_size: int | None, max_header_bytes: int) -> Safeten
     doc = _decode_json(raw)
     data_size = file_size - 8 - n
     metadata = _metadata(doc.pop("__metadata__", None))
+    if len(doc) > MAX_TENSORS:
+        raise HeaderError(f"header lists {len(doc)} tensors; at most {MAX_TENSORS}")
     tensors = {name: _tensor(name, entry, data_size) for name, entry in doc.items()}
     _check_tiling(tensors, data_size)
     return SafetensorsHeader(tensors=tensors, metadata=metadata, data_start=8 + n)
@@ -156,16 +182,42 @@ def _decode_json(raw: bytes) -> dict[str, Any]:
     except UnicodeDecodeError as e:
         raise HeaderError(f"header is not valid UTF-8 (byte {e.start})") from e
     try:
-        doc = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+        doc = json.loads(
+            text,
+            object_pairs_hook=_no_duplicates,
+            parse_constant=_no_constant,
+            parse_int=_bounded_int,
+            parse_float=_bounded_float,
+        )
     except HeaderError:
         raise
     except RecursionError as e:
         raise HeaderError("header JSON is nested too deeply") from e
-    except ValueError as e:  # JSONDecodeError, and ints too long to convert
+    except ValueError as e:  # JSONDecodeError
         raise HeaderError(f"header is not valid JSON: {e}") from e
     if not isinstance(doc, dict):
         raise HeaderError(f"header JSON must be an object, not {type(doc).__name__}")
     return doc
+
+
+def _bounded_int(digits: str) -> int:
+    """json's parse_int hook: sees the digit string before anything converts it."""
+    n = len(digits) - digits.startswith("-")
+    if n > _MAX_INT_DIGITS:
+        raise HeaderError(
+            f"header holds a {n}-digit number; every number in a safetensors header is "
+            "below 2**64 (20 digits)"
+        )
+    return int(digits)
+
+
+def _bounded_float(text: str) -> float:
+    """No header field is a float, but a short one gets the precise message further on."""
+    if len(text) > _MAX_FLOAT_CHARS:
+        raise HeaderError(
+            f"header holds a number of {len(text)} characters; not a safetensors value"
+        )
+    return float(text)
 
 
 def _no_constant(name: str) -> NoReturn:
@@ -177,7 +229,7 @@ def _no_duplicates(pairs: list[tuple[str, object]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in pairs:
         if key in out:
-            raise HeaderError(f"header names {key!r} twice")
+            raise HeaderError(f"header names {show(key)} twice")
         out[key] = value
     return out
 
@@ -191,34 +243,57 @@ def _metadata(meta: object) -> dict[str, str]:
 
 
 def _tensor(name: str, entry: object, data_size: int) -> TensorInfo:
+    if len(name) > MAX_NAME_CHARS:
+        raise HeaderError(
+            f"tensor name {show(name)} has {len(name)} characters; at most {MAX_NAME_CHARS}"
+        )
     if not isinstance(entry, dict):
-        raise HeaderError(f"tensor {name!r}: entry must be an object, not {type(entry).__name__}")
+        raise HeaderError(
+            f"tensor {show(name)}: entry must be an object, not {type(entry).__name__}"
+        )
     missing = [k for k in ("dtype", "shape", "data_offsets") if k not in entry]
     if missing:
-        raise HeaderError(f"tensor {name!r}: missing {', '.join(missing)}")
+        raise HeaderError(f"tensor {show(name)}: missing {', '.join(missing)}")
     dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
     if not isinstance(dtype, str) or dtype not in DTYPE_SIZES:
         raise HeaderError(
-            f"tensor {name!r}: unknown dtype {dtype!r}; allowed: {', '.join(DTYPE_SIZES)}"
+            f"tensor {show(name)}: unknown dtype {show(dtype)}; allowed: {', '.join(DTYPE_SIZES)}"
         )
-    if not isinstance(shape, list) or not all(_is_uint(d) for d in shape):
-        raise HeaderError(f"tensor {name!r}: shape must be a list of non-negative integers")
+    _check_shape(name, shape)
     if not (isinstance(offsets, list) and len(offsets) == 2 and all(map(_is_uint, offsets))):
-        raise HeaderError(f"tensor {name!r}: data_offsets must be two non-negative integers")
+        raise HeaderError(f"tensor {show(name)}: data_offsets must be two non-negative integers")
     begin, end = offsets
     if begin > end:
-        raise HeaderError(f"tensor {name!r}: data_offsets begin {begin} is after end {end}")
+        raise HeaderError(f"tensor {show(name)}: data_offsets begin {begin} is after end {end}")
     if end > data_size:
         raise HeaderError(
-            f"tensor {name!r}: data_offsets end {end} is outside the {data_size}-byte data buffer"
+            f"tensor {show(name)}: data_offsets end {end} is outside the {data_size}-byte "
+            "data buffer"
         )
+    # Bounded operands: at most 8 factors below 2**40, and end - begin below the file size.
     expected = math.prod(shape) * DTYPE_SIZES[dtype]
     if end - begin != expected:
         raise HeaderError(
-            f"tensor {name!r}: {end - begin} bytes stored but shape {shape} of {dtype} "
+            f"tensor {show(name)}: {end - begin} bytes stored but shape {shape} of {dtype} "
             f"needs {expected}"
         )
     return TensorInfo(dtype=dtype, shape=tuple(shape), begin=begin, end=end)
+
+
+def _check_shape(name: str, shape: object) -> None:
+    if not isinstance(shape, list):
+        raise HeaderError(f"tensor {show(name)}: shape must be a list of non-negative integers")
+    if len(shape) > MAX_DIMS:
+        raise HeaderError(
+            f"tensor {show(name)}: shape has {len(shape)} dimensions; at most {MAX_DIMS}"
+        )
+    if not all(_is_uint(d) for d in shape):
+        raise HeaderError(f"tensor {show(name)}: shape must be a list of non-negative integers")
+    if any(d >= MAX_DIM for d in shape):
+        raise HeaderError(
+            f"tensor {show(name)}: shape {shape} has a dimension not below 2**40; "
+            "no real tensor is that large"
+        )
 
 
 def _is_uint(x: object) -> bool:
@@ -230,9 +305,9 @@ def _check_tiling(tensors: dict[str, TensorInfo], data_size: int) -> None:
     pos, prev = 0, None
     for name, t in sorted(tensors.items(), key=lambda kv: (kv[1].begin, kv[1].end)):
         if t.begin < pos:
-            raise HeaderError(f"tensors {prev!r} and {name!r} overlap in the data buffer")
+            raise HeaderError(f"tensors {show(prev)} and {show(name)} overlap in the data buffer")
         if t.begin > pos:
-            raise HeaderError(f"{t.begin - pos} unused bytes before tensor {name!r}")
+            raise HeaderError(f"{t.begin - pos} unused bytes before tensor {show(name)}")
         pos, prev = t.end, name
     if pos != data_size:
         raise HeaderError(f"{data_size - pos} bytes after the last tensor belong to no tensor")

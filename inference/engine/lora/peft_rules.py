@@ -5,6 +5,8 @@ upload (header only, no torch, nothing unpickled) and the engine's loader calls
 `load_adapter_tensors`, which runs the same checks before it reads a tensor.
 The tensors, not `target_modules`, say what is adapted: an adapter whose names
 do not match the base model must be refused, never served as the base model.
+Every number from the files is bounded before arithmetic and every value is
+quoted briefly, so a hostile file gets a report, never an exception.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import os
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeGuard
+from typing import TYPE_CHECKING, Any, NoReturn, TypeGuard
 
 from ..formats.safetensors_header import (
     HeaderError,
@@ -23,6 +25,7 @@ from ..formats.safetensors_header import (
     TensorInfo,
     check_finite,
     parse_header,
+    show,
 )
 
 if TYPE_CHECKING:
@@ -36,6 +39,13 @@ FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
 KEY_EXAMPLE = "base_model.model.model.layers.{i}.self_attn.q_proj.lora_A.weight"
+# Sane ranges, far beyond real adapters: alpha is usually r or 2r; a 126-layer model's
+# adapter on all seven projections has a header of about 250 KB.
+MAX_LORA_ALPHA = 2**16
+MAX_TARGET_MODULES = 4096
+MAX_ADAPTER_HEADER_BYTES = 1024 * 1024
+_MAX_LAYER_DIGITS = 6
+_MAX_CONFIG_NUMBER_CHARS = 1000  # converting digits costs time quadratic in their count
 
 # PEFT features that change the forward pass in ways the engine does not
 # implement: (field, why). A field counts as used unless None/False/empty.
@@ -230,12 +240,31 @@ def require_valid(report: AdapterReport) -> AdapterSpec:
 def parse_config(raw: bytes | str) -> dict[str, Any]:
     """adapter_config.json bytes to a dict, or AdapterError saying what is wrong."""
     try:
-        config = json.loads(raw)
+        config = json.loads(raw, parse_int=_config_int, parse_float=_config_float)
+    except AdapterError:
+        raise
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
         raise AdapterError(f"{CONFIG_FILE} is not valid JSON: {e}") from e
     if not isinstance(config, dict):
         raise AdapterError(f"{CONFIG_FILE} must be a JSON object, not {type(config).__name__}")
     return config
+
+
+def _too_long(text: str) -> NoReturn:
+    digits = len(text) - text.startswith("-")
+    raise AdapterError(
+        f"{CONFIG_FILE} holds a {digits}-digit number; no PEFT setting needs more than "
+        f"{_MAX_CONFIG_NUMBER_CHARS} characters"
+    )
+
+
+def _config_int(text: str) -> int:
+    """json's parse_int hook: sees the digits before Python converts them."""
+    return _too_long(text) if len(text) > _MAX_CONFIG_NUMBER_CHARS else int(text)
+
+
+def _config_float(text: str) -> float:
+    return _too_long(text) if len(text) > _MAX_CONFIG_NUMBER_CHARS else float(text)
 
 
 def _config_checks(
@@ -246,40 +275,47 @@ def _config_checks(
     checks.append(
         Check("peft_type", True, "LORA")
         if peft_type == "LORA"
-        else Check("peft_type", False, f"peft_type is {peft_type!r}; only LORA adapters are served")
+        else Check(
+            "peft_type", False, f"peft_type is {show(peft_type)}; only LORA adapters are served"
+        )
     )
     r = config.get("r")
     if not _is_positive_int(r):
-        checks.append(Check("r", False, f"r must be a positive integer, got {r!r}"))
+        checks.append(Check("r", False, f"r must be a positive integer, got {show(r)}"))
     elif r > max_lora_rank:
         msg = f"r is {r}, above this platform's maximum LoRA rank {max_lora_rank}; retrain smaller"
         checks.append(Check("r", False, msg))
     else:
         checks.append(Check("r", True, f"rank {r}"))
     alpha = config.get("lora_alpha")
-    if _is_number(alpha) and alpha > 0:
+    if _is_number(alpha) and 0 < alpha <= MAX_LORA_ALPHA:
         checks.append(Check("lora_alpha", True, f"lora_alpha {alpha}"))
     else:
-        checks.append(
-            Check("lora_alpha", False, f"lora_alpha must be a positive number, got {alpha!r}")
-        )
+        msg = f"lora_alpha must be a positive number up to {MAX_LORA_ALPHA}, got {show(alpha)}"
+        checks.append(Check("lora_alpha", False, msg))
     used = [(name, why) for name, why in UNSUPPORTED_FIELDS if not _unset(config.get(name))]
     if config.get("bias", "none") not in ("none", None):
         used.append(
-            ("bias", f"bias is {config['bias']!r}; trained biases are not applied, use 'none'")
+            ("bias", f"bias is {show(config['bias'])}; trained biases are not applied, use 'none'")
         )
     checks += [Check(name, False, f"{name}: {why}") for name, why in used]
     if not used:
         checks.append(Check("peft_features", True, "no unsupported PEFT features"))
     targets = config.get("target_modules")
     names = [targets] if isinstance(targets, str) else targets if isinstance(targets, list) else []
-    embedded = sorted({n for n in names if str(n).rsplit(".", 1)[-1] in _EMBEDDING_NAMES})
+    if len(names) > MAX_TARGET_MODULES:
+        msg = f"target_modules lists {len(names)} entries; at most {MAX_TARGET_MODULES}"
+        checks.append(Check("target_modules", False, msg))
+        names = []
+    embedded = sorted({n for n in names if isinstance(n, str) and _is_embedding(n)})
     if embedded:
         checks.append(Check("target_modules", False, _embedding_message(embedded)))
     checks.append(_base_model_check(config.get("base_model_name_or_path"), expected_base))
     task = config.get("task_type")
     if task not in (None, "CAUSAL_LM"):
-        msg = f"task_type is {task!r}; this platform serves causal LMs, the adapter may misbehave"
+        msg = (
+            f"task_type is {show(task)}; this platform serves causal LMs, the adapter may misbehave"
+        )
         checks.append(Check("task_type", False, msg, level="warning"))
     return checks
 
@@ -287,13 +323,13 @@ def _config_checks(
 def _base_model_check(name: object, expected: str | None) -> Check:
     """A warning only: a local path and a hub id may name the same weights."""
     if expected is None:
-        return Check("base_model", True, f"trained on {name!r}", level="warning")
+        return Check("base_model", True, f"trained on {show(name)}", level="warning")
     if not isinstance(name, str) or not name.strip():
         msg = f"the adapter does not say its base model; this platform serves {expected!r}"
         return Check("base_model", False, msg, level="warning")
     if _model_key(name) == _model_key(expected):
-        return Check("base_model", True, f"trained on {name!r}", level="warning")
-    msg = f"trained on {name!r} but this platform serves {expected!r}; outputs may be poor"
+        return Check("base_model", True, f"trained on {show(name)}", level="warning")
+    msg = f"trained on {show(name)} but this platform serves {expected!r}; outputs may be poor"
     return Check("base_model", False, msg, level="warning")
 
 
@@ -308,7 +344,8 @@ def _model_key(name: str) -> str:
 def _classify(names: list[str]) -> tuple[FactorNames, dict[str, list[str]]]:
     """Split tensor names into LoRA factors keyed by (layer, module, A|B) and problems."""
     found: FactorNames = {}
-    bad: dict[str, list[str]] = {k: [] for k in ("name", "embedding", "dora", "bias", "module")}
+    kinds = ("name", "embedding", "dora", "bias", "module", "huge_layer")
+    bad: dict[str, list[str]] = {k: [] for k in kinds}
     for name in sorted(names):
         if "lora_embedding" in name or any(f".{e}." in f".{name}." for e in _EMBEDDING_NAMES):
             bad["embedding"].append(name)
@@ -320,6 +357,8 @@ def _classify(names: list[str]) -> tuple[FactorNames, dict[str, list[str]]]:
             bad["bias"].append(name)
         elif (w := _LORA_WEIGHT.fullmatch(m[2])) is None:
             bad["name"].append(name)
+        elif len(m[1]) > _MAX_LAYER_DIGITS:  # beyond any model: never converted to an int
+            bad["huge_layer"].append(f"{m[1][:12]}… ({len(m[1])} digits)")
         else:
             parent, _, module = w[1].rpartition(".")
             if PARENT.get(module) != parent:
@@ -352,7 +391,7 @@ def _tensor_checks(
     checks.append(
         _listing(
             "layers",
-            [str(i) for i in layers if i >= fp.num_layers],
+            [str(i) for i in layers if i >= fp.num_layers] + bad["huge_layer"],
             f"the base model has {fp.num_layers} layers (0-{fp.num_layers - 1}); found layer ",
             ok=f"adapts {len(layers)} of {fp.num_layers} layers",
         )
@@ -413,11 +452,20 @@ def _listing(name: str, problems: list[str], prefix: str, ok: str = "ok", limit:
     if not problems:
         return Check(name, True, ok)
     more = f" and {len(problems) - limit} more" if len(problems) > limit else ""
-    return Check(name, False, prefix + ", ".join(problems[:limit]) + more)
+    return Check(name, False, prefix + ", ".join(map(_clip, problems[:limit])) + more)
+
+
+def _clip(text: str, limit: int = 120) -> str:
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def _is_embedding(target: str) -> bool:
+    return target.rsplit(".", 1)[-1] in _EMBEDDING_NAMES
 
 
 def _embedding_message(targets: list[str]) -> str:
-    listed = f" ({', '.join(targets)})" if targets else ""
+    more = f" and {len(targets) - 5} more" if len(targets) > 5 else ""
+    listed = f" ({', '.join(_clip(t, 60) for t in targets[:5])}{more})" if targets else ""
     return (
         f"LoRA on embed_tokens or lm_head{listed} is not supported; adapt linear projections only"
     )
@@ -495,7 +543,7 @@ def load_adapter_tensors(
             raise AdapterError(f"{file} is missing from {folder}")
     config = parse_config((folder / CONFIG_FILE).read_bytes())
     try:
-        header = parse_header(folder / WEIGHTS_FILE)
+        header = parse_header(folder / WEIGHTS_FILE, max_header_bytes=MAX_ADAPTER_HEADER_BYTES)
     except HeaderError as e:
         raise AdapterError(f"{WEIGHTS_FILE}: {e}") from e
     report = check_adapter(

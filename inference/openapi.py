@@ -1,0 +1,368 @@
+"""The OpenAI-compatible `/v1` endpoints in the OpenAPI schema at /api/schema/.
+
+They are plain async Django views (inference/views.py), which drf-spectacular does not see,
+so this postprocessing hook (SPECTACULAR_SETTINGS["POSTPROCESSING_HOOKS"]) adds them from
+the fragments below: /api/docs/ then shows every API a caller has, and the API fuzz tests
+(tests/fuzz/) generate requests for them from the same description. The fragments describe
+what inference/openai_protocol.py accepts; a change there belongs here too.
+"""
+
+from typing import Any
+
+from . import operator_protocol as protocol
+from .openai_protocol import MAX_COUNT, MAX_SEED, MAX_STOP_SEQUENCES, MAX_TOP_LOGPROBS
+
+OPENAI_TAG = "OpenAI-compatible"
+OPERATOR_TAG = "Operators"
+# The key scheme drf-spectacular derives from tenants/authentication.py, and the session.
+KEY_OR_SESSION: list[dict[str, list]] = [{"ApiKey": []}, {"cookieAuth": []}]
+OPERATOR_AUTH: list[dict[str, list]] = [{"OperatorToken": []}, {"cookieAuth": []}]
+
+_ERROR_REF = {"$ref": "#/components/schemas/OpenAIError"}
+
+
+def _ref(name: str) -> dict:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _errors(*statuses: int) -> dict[str, dict]:
+    reasons = {
+        400: "The body or a parameter is invalid (`param` names it).",
+        401: "No valid credentials.",
+        403: "The credentials do not allow this.",
+        404: "No such model for this tenant (the same answer for another tenant's).",
+        405: "Wrong method (`Allow` names the right one).",
+        409: "The version cannot be served by this base model.",
+        413: "The body is over LORAPLEX_MAX_REQUEST_BYTES.",
+        429: "Over a rate limit (`Retry-After` says when to retry).",
+        503: "The engine or the adapter is not available now.",
+    }
+    return {
+        str(status): {
+            "description": reasons[status],
+            "content": {"application/json": {"schema": _ERROR_REF}},
+        }
+        for status in statuses
+    }
+
+
+_SAMPLING = {
+    "model": {
+        "type": "string",
+        "minLength": 1,
+        "description": "The base model's name, `adapter`, `adapter@alias` or `adapter:n`.",
+    },
+    "stream": {"type": "boolean", "default": False},
+    "stream_options": {
+        "type": "object",
+        "properties": {"include_usage": {"type": "boolean"}},
+        "additionalProperties": False,
+    },
+    "temperature": {"type": "number", "minimum": 0, "maximum": 2},
+    "top_p": {"type": "number", "minimum": 0, "exclusiveMinimum": True, "maximum": 1},
+    "top_k": {
+        "type": "integer",
+        "minimum": -1,
+        "maximum": MAX_COUNT,
+        "not": {"enum": [0]},
+        "description": "-1 (off) or a positive integer.",
+    },
+    "seed": {"type": "integer", "minimum": 0, "maximum": MAX_SEED},
+    "stop": {
+        "oneOf": [
+            {"type": "string", "minLength": 1},
+            {
+                "type": "array",
+                "items": {"type": "string", "minLength": 1},
+                "maxItems": MAX_STOP_SEQUENCES,
+            },
+        ]
+    },
+    "ignore_eos": {"type": "boolean", "default": False},
+    "n": {"type": "integer", "enum": [1]},
+    "user": {"type": "string"},
+}
+_MAX_TOKENS = {"type": "integer", "minimum": 1, "maximum": MAX_COUNT, "nullable": True}
+
+
+def _needs(option: str, switch: str) -> dict:
+    """`option` only with `switch: true` (OpenAPI 3.0 has no if/then: one of the two holds)."""
+    return {
+        "anyOf": [
+            {"required": [switch], "properties": {switch: {"enum": [True]}}},
+            {"not": {"required": [option]}},
+        ]
+    }
+
+
+SCHEMAS: dict[str, dict[str, Any]] = {
+    "OpenAIError": {
+        "type": "object",
+        "required": ["error"],
+        "properties": {
+            "error": {
+                "type": "object",
+                "required": ["message", "type", "code"],
+                "properties": {
+                    "message": {"type": "string"},
+                    "type": {"type": "string"},
+                    "param": {"type": "string", "nullable": True},
+                    "code": {"type": "string", "description": "See docs/errors.md."},
+                },
+            }
+        },
+    },
+    "TextPart": {
+        "type": "object",
+        "required": ["type", "text"],
+        "properties": {"type": {"type": "string", "enum": ["text"]}, "text": {"type": "string"}},
+    },
+    "ChatMessage": {
+        "type": "object",
+        "required": ["role", "content"],
+        "properties": {
+            "role": {"type": "string", "enum": ["system", "developer", "user", "assistant"]},
+            "content": {
+                "description": "Not blank, except in an assistant's message.",
+                "oneOf": [
+                    {"type": "string", "pattern": "\\S"},
+                    {"type": "array", "items": _ref("TextPart"), "minItems": 1},
+                ],
+            },
+            "name": {"type": "string"},
+        },
+        "additionalProperties": False,
+    },
+    "ChatCompletionRequest": {
+        "type": "object",
+        "required": ["model", "messages"],
+        "additionalProperties": False,  # an unknown parameter is a 400 naming it
+        "allOf": [_needs("stream_options", "stream"), _needs("top_logprobs", "logprobs")],
+        "properties": {
+            **_SAMPLING,
+            "messages": {"type": "array", "items": _ref("ChatMessage"), "minItems": 1},
+            "max_tokens": _MAX_TOKENS,
+            "max_completion_tokens": _MAX_TOKENS,
+            "logprobs": {"type": "boolean"},
+            "top_logprobs": {"type": "integer", "minimum": 0, "maximum": MAX_TOP_LOGPROBS},
+        },
+    },
+    "CompletionRequest": {
+        "type": "object",
+        "required": ["model", "prompt"],
+        "additionalProperties": False,
+        "allOf": [_needs("stream_options", "stream")],
+        "properties": {
+            **_SAMPLING,
+            "prompt": {
+                "oneOf": [
+                    {"type": "string", "minLength": 1},
+                    {
+                        "type": "array",
+                        "items": {"type": "integer", "minimum": 0},
+                        "minItems": 1,
+                        "description": "Token ids.",
+                    },
+                ]
+            },
+            "max_tokens": {**_MAX_TOKENS, "default": 16},
+            "logprobs": {"type": "integer", "minimum": 0, "maximum": MAX_TOP_LOGPROBS},
+        },
+    },
+    "Usage": {
+        "type": "object",
+        "properties": {
+            "prompt_tokens": {"type": "integer"},
+            "completion_tokens": {"type": "integer"},
+            "total_tokens": {"type": "integer"},
+        },
+    },
+    "Completion": {
+        "type": "object",
+        "required": ["id", "object", "created", "model", "choices"],
+        "properties": {
+            "id": {"type": "string"},
+            "object": {"type": "string", "enum": ["chat.completion", "text_completion"]},
+            "created": {"type": "integer"},
+            "model": {"type": "string"},
+            "choices": {"type": "array", "items": {"type": "object"}},
+            "usage": _ref("Usage"),
+        },
+    },
+    "ModelList": {
+        "type": "object",
+        "required": ["object", "data"],
+        "properties": {
+            "object": {"type": "string", "enum": ["list"]},
+            "data": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["id", "object"],
+                    "properties": {
+                        "id": {"type": "string"},
+                        "object": {"type": "string", "enum": ["model"]},
+                        "created": {"type": "integer"},
+                        "owned_by": {"type": "string"},
+                        "parent": {"type": "string", "nullable": True},
+                    },
+                },
+            },
+        },
+    },
+    "LoraName": {
+        "type": "object",
+        "required": [protocol.LORA_NAME],
+        "properties": {
+            protocol.LORA_NAME: {
+                "type": "string",
+                "description": "`<tenant>/<adapter>[@alias|:n]`",
+            }
+        },
+    },
+    "OperatorResult": {
+        "type": "object",
+        "properties": {
+            protocol.LORA_NAME: {"type": "string"},
+            "action": {"type": "string"},
+            "status": {"type": "string", "enum": ["ok"]},
+        },
+    },
+    "LoadedAdapters": {
+        "type": "object",
+        "required": ["object", "data"],
+        "properties": {
+            "object": {"type": "string", "enum": ["list"]},
+            "data": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "name": {"type": "string"},
+                        "adapter_id": {"type": "string"},
+                        "tier": {"type": "string", "enum": ["device", "host", "disk"]},
+                        "slot": {"type": "integer", "nullable": True},
+                        "pinned": {"type": "boolean"},
+                        "loading": {"type": "boolean"},
+                        "rank": {"type": "integer", "nullable": True},
+                        "running": {"type": "integer"},
+                        "waiting": {"type": "integer"},
+                    },
+                },
+            },
+        },
+    },
+}
+
+
+def _generation(summary: str, request_schema: str, operation_id: str) -> dict:
+    return {
+        "post": {
+            "operationId": operation_id,
+            "summary": summary,
+            "tags": [OPENAI_TAG],
+            "security": KEY_OR_SESSION,
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": _ref(request_schema)}},
+            },
+            "responses": {
+                "200": {
+                    "description": "The answer; with `stream`, server-sent events ending "
+                    "`data: [DONE]`.",
+                    "content": {
+                        "application/json": {"schema": _ref("Completion")},
+                        "text/event-stream": {"schema": {"type": "string"}},
+                    },
+                },
+                **_errors(400, 401, 403, 404, 405, 409, 413, 429, 503),
+            },
+        }
+    }
+
+
+def _operator_action(action: str, summary: str) -> dict:
+    return {
+        "post": {
+            "operationId": f"operator_{action}",
+            "summary": summary,
+            "tags": [OPERATOR_TAG],
+            "security": OPERATOR_AUTH,
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": _ref("LoraName")}},
+            },
+            "responses": {
+                "200": {
+                    "description": "Done.",
+                    "content": {"application/json": {"schema": _ref("OperatorResult")}},
+                },
+                **_errors(400, 401, 403, 404, 405, 409, 503),
+            },
+        }
+    }
+
+
+PATHS: dict[str, dict] = {
+    "/v1/chat/completions": _generation(
+        "Chat completion through the base model's chat template",
+        "ChatCompletionRequest",
+        "chat_completions",
+    ),
+    "/v1/completions": _generation(
+        "Completion of a plain prompt (text or token ids)", "CompletionRequest", "completions"
+    ),
+    "/v1/models": {
+        "get": {
+            "operationId": "models",
+            "summary": "The base model, the caller's adapters and their aliases",
+            "tags": [OPENAI_TAG],
+            "security": KEY_OR_SESSION,
+            "responses": {
+                "200": {
+                    "description": "The models this caller may name.",
+                    "content": {"application/json": {"schema": _ref("ModelList")}},
+                },
+                **_errors(401, 403, 405),
+            },
+        }
+    },
+    protocol.path(protocol.LOAD): _operator_action(protocol.LOAD, "Load and pin an adapter"),
+    protocol.path(protocol.UNLOAD): _operator_action(protocol.UNLOAD, "Unload an adapter"),
+    protocol.path(protocol.PIN): _operator_action(protocol.PIN, "Pin an adapter in a slot"),
+    protocol.path(protocol.UNPIN): _operator_action(protocol.UNPIN, "Let the LRU evict it again"),
+    protocol.path(protocol.LIST): {
+        "get": {
+            "operationId": "operator_lora_adapters",
+            "summary": "The adapters this engine knows, by tier",
+            "tags": [OPERATOR_TAG],
+            "security": OPERATOR_AUTH,
+            "responses": {
+                "200": {
+                    "description": "Every adapter the engine knows.",
+                    "content": {"application/json": {"schema": _ref("LoadedAdapters")}},
+                },
+                **_errors(401, 403, 405),
+            },
+        }
+    },
+}
+
+SECURITY_SCHEMES = {
+    "OperatorToken": {
+        "type": "http",
+        "scheme": "bearer",
+        "description": "LORAPLEX_OPERATOR_TOKEN (or a staff session).",
+    }
+}
+
+
+def add_v1_paths(result: dict, generator=None, request=None, public=None) -> dict:
+    """drf-spectacular postprocessing hook: the /v1 paths, their schemas and security."""
+    result.setdefault("paths", {}).update(PATHS)
+    components = result.setdefault("components", {})
+    components.setdefault("schemas", {}).update(SCHEMAS)
+    components.setdefault("securitySchemes", {}).update(SECURITY_SCHEMES)
+    tags = result.setdefault("tags", [])
+    tags.extend({"name": name} for name in (OPENAI_TAG, OPERATOR_TAG))
+    return result

@@ -1,0 +1,29 @@
+"""/api/schema/ describes every API a caller has: the REST API and the /v1 endpoints too."""
+
+import pytest
+
+from tests.fuzz.conftest import SCHEMA
+
+
+def test_the_schema_lists_the_openai_compatible_and_operator_endpoints():
+    paths = SCHEMA.raw_schema["paths"]
+    for path, method in [
+        ("/v1/chat/completions", "post"),
+        ("/v1/completions", "post"),
+        ("/v1/models", "get"),
+        ("/v1/load_lora_adapter", "post"),
+        ("/v1/unload_lora_adapter", "post"),
+        ("/v1/pin_lora_adapter", "post"),
+        ("/v1/unpin_lora_adapter", "post"),
+        ("/v1/lora_adapters", "get"),
+    ]:
+        assert method in paths[path], path
+    assert {"OperatorToken": []} in paths["/v1/pin_lora_adapter"]["post"]["security"]
+    assert {"ApiKey": []} in paths["/v1/models"]["get"]["security"]
+
+
+@pytest.mark.django_db
+def test_the_schema_page_serves_the_same_description(client):
+    served = client.get("/api/schema/", headers={"Accept": "application/json"})
+    assert served.status_code == 200
+    assert "/v1/chat/completions" in served.content.decode()

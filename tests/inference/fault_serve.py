@@ -1,0 +1,104 @@
+"""`manage.py serve` with faults injected, for the live-server tests of what a fault does.
+
+`python -m tests.inference.fault_serve --port N` runs the real command in this process
+after patching what the environment asks for; `start_fault_server` starts it like
+conftest's `start_server`. Test-only: nothing in the product reads these variables.
+
+- LORAPLEX_TEST_STEP_FAULT_FILE: once this file exists, the model runner raises
+  (the engine's step thread fails mid-stream).
+- LORAPLEX_TEST_STREAM_START_DELAY: seconds between a stream's preparation (its
+  concurrency slot taken) and its first byte, as a busy process would take.
+"""
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def start_fault_server(tmp: Path, extra_env: dict) -> tuple[str, subprocess.Popen, Path]:
+    import httpx
+
+    # imported here: the server process itself needs none of the test fixtures
+    from tests.inference.conftest import BASE_NAME, ROOT, database_url, free_port
+
+    port = free_port()
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url(),
+        "LORAPLEX_ENGINE": "on",
+        "LORAPLEX_BASE_MODEL": BASE_NAME,
+        "LORAPLEX_KV_CACHE_BYTES": str(8 * 1024 * 1024),
+        "LORAPLEX_MAX_LORAS": "2",
+        "LORAPLEX_MAX_CPU_LORAS": "4",
+        "LORAPLEX_DRAIN_SECONDS": "5",
+        **extra_env,
+    }
+    log = tmp / f"fault-serve-{port}.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.inference.fault_serve", "--port", str(port)],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                return url, proc, log
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"serve did not become ready:\n{log.read_text()}")
+        time.sleep(0.3)
+
+
+def _fail_steps_once(path: str) -> None:
+    from inference.engine.model_runner import ModelRunner
+
+    run = ModelRunner.run
+
+    def failing_run(self, seqs, is_prefill):
+        if os.path.exists(path):
+            raise RuntimeError("injected fault in the model runner")
+        return run(self, seqs, is_prefill)
+
+    ModelRunner.run = failing_run  # type: ignore[method-assign]
+
+
+def _delay_stream_start(seconds: float) -> None:
+    from inference import views
+
+    generate = views._generate
+
+    async def slow_generate(request, kind):
+        response = await generate(request, kind)
+        if response.streaming:
+            await asyncio.sleep(seconds)
+        return response
+
+    views._generate = slow_generate
+
+
+def main() -> None:
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "platform_site.settings")
+    import django
+
+    django.setup()
+    if path := os.environ.get("LORAPLEX_TEST_STEP_FAULT_FILE"):
+        _fail_steps_once(path)
+    if delay := os.environ.get("LORAPLEX_TEST_STREAM_START_DELAY"):
+        _delay_stream_start(float(delay))
+    from django.core.management import execute_from_command_line
+
+    execute_from_command_line(["manage.py", "serve", *sys.argv[1:]])
+
+
+if __name__ == "__main__":
+    main()
