@@ -8,18 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def database_url() -> str:
-    from django.db import connection
-
-    db = connection.settings_dict
-    if connection.vendor == "postgresql":
-        return (
-            f"postgres://{db['USER']}:{db['PASSWORD'] or ''}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
-        )
-    return f"sqlite:///{db['NAME']}"
+from tests.processes import ROOT, database_url
 
 
 def start_worker(log: Path, **env: str) -> subprocess.Popen:

@@ -6,20 +6,17 @@ Everything the fixture creates is deleted afterwards; slugs are unique to this m
 """
 
 import os
-import socket
 import subprocess
-import sys
-import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import pytest
 
 from tests.peft_adapters import make_peft_adapter
+from tests.processes import SERVE, database_url, launch
 from tests.tiny_llama import make_tiny_llama
 
-ROOT = Path(__file__).resolve().parents[2]
 BASE_NAME = "tiny-serve"
 
 
@@ -42,25 +39,10 @@ class LiveServer:
         )
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def database_url() -> str:
-    from django.db import connection
-
-    db = connection.settings_dict
-    if connection.vendor == "postgresql":
-        return (
-            f"postgres://{db['USER']}:{db['PASSWORD'] or ''}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
-        )
-    return f"sqlite:///{db['NAME']}"
-
-
-def start_server(tmp: Path, extra_env: dict | None = None) -> tuple[str, subprocess.Popen, Path]:
-    port = free_port()
+def start_server(
+    tmp: Path, extra_env: dict | None = None, *, args: Sequence[str] = SERVE, name: str = "serve"
+) -> tuple[str, subprocess.Popen, Path]:
+    """`serve` (or `args`) on the test database with the tiny model and small budgets."""
     env = {
         **os.environ,
         "DATABASE_URL": database_url(),
@@ -73,27 +55,7 @@ def start_server(tmp: Path, extra_env: dict | None = None) -> tuple[str, subproc
         "LORAPLEX_DRAIN_SECONDS": "5",
         **(extra_env or {}),
     }
-    log = tmp / f"serve-{port}.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "manage.py", "serve", "--port", str(port), "--log-level", "warning"],
-            cwd=ROOT,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                return url, proc, log
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError(f"serve did not become ready:\n{log.read_text()}")
-        time.sleep(0.3)
+    return launch(tmp, env, args=args, name=name)
 
 
 def stop_server(proc: subprocess.Popen):

@@ -14,49 +14,16 @@ import asyncio
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 
 def start_fault_server(tmp: Path, extra_env: dict) -> tuple[str, subprocess.Popen, Path]:
-    import httpx
-
     # imported here: the server process itself needs none of the test fixtures
-    from tests.inference.conftest import BASE_NAME, ROOT, database_url, free_port
+    from tests.inference.conftest import start_server
 
-    port = free_port()
-    env = {
-        **os.environ,
-        "DATABASE_URL": database_url(),
-        "LORAPLEX_ENGINE": "on",
-        "LORAPLEX_BASE_MODEL": BASE_NAME,
-        "LORAPLEX_KV_CACHE_BYTES": str(8 * 1024 * 1024),
-        "LORAPLEX_MAX_LORAS": "2",
-        "LORAPLEX_MAX_CPU_LORAS": "4",
-        "LORAPLEX_DRAIN_SECONDS": "5",
-        **extra_env,
-    }
-    log = tmp / f"fault-serve-{port}.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.inference.fault_serve", "--port", str(port)],
-            cwd=ROOT,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                return url, proc, log
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError(f"serve did not become ready:\n{log.read_text()}")
-        time.sleep(0.3)
+    return start_server(
+        tmp, extra_env, args=("-m", "tests.inference.fault_serve"), name="fault-serve"
+    )
 
 
 def _fail_steps_once(path: str) -> None:

@@ -11,14 +11,14 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import httpx
 import pytest
 
 from inference.engine import EngineConfig
 from inference.engine.kv_cache import CPU_DEFAULT_KV_BYTES, default_kv_bytes
-from tests.inference.conftest import ROOT, free_port, stop_server
+from tests.inference.conftest import stop_server
+from tests.processes import ROOT, launch
 from tests.smollm2 import PRESET, smollm2_dir
 
 # What `make run` does before `serve`, in one process: migrate, import, a demo key.
@@ -51,28 +51,9 @@ def test_serve_starts_and_answers_with_an_empty_environment(tmp_path):
     assert setup.returncode == 0, setup.stderr
     key = setup.stdout.strip().splitlines()[-1]
     assert key.startswith("lpx_")
-    port = free_port()
-    log = tmp_path / "serve.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "manage.py", "serve", "--port", str(port), "--log-level", "warning"],
-            cwd=ROOT,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    url = f"http://127.0.0.1:{port}"
+    # before: `serve` exited here, its default budget too small for the adapter slots
+    url, proc, _ = launch(tmp_path, env, timeout=300)
     try:
-        deadline = time.monotonic() + 300
-        while True:
-            assert proc.poll() is None, log.read_text()  # before: exited, the budget too small
-            assert time.monotonic() < deadline, log.read_text()
-            try:
-                if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
         answer = httpx.post(
             f"{url}/v1/chat/completions",
             json={

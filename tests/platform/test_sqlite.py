@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.inference.conftest import free_port
+from tests.processes import launch
 
 ROOT = Path(__file__).resolve().parents[2]
 SECONDS = 6
@@ -98,28 +98,8 @@ def test_the_embedded_database_is_configured_for_concurrent_processes(site):
 
 def test_a_server_and_a_worker_write_at_once_without_database_is_locked(site):
     env, key, tmp = site
-    port = free_port()
-    log = tmp / "serve.log"
-    with open(log, "w") as out:
-        server = subprocess.Popen(
-            [sys.executable, "manage.py", "serve", "--port", str(port), "--log-level", "warning"],
-            cwd=ROOT,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    url = f"http://127.0.0.1:{port}"
+    url, server, log = launch(tmp, env, ready_path="/healthz", timeout=60)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert server.poll() is None and time.monotonic() < deadline, log.read_text()
-            time.sleep(0.2)
-
         worker = subprocess.Popen(
             [sys.executable, "-c", WRITER, str(SECONDS)],
             cwd=ROOT,
