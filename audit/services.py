@@ -12,6 +12,7 @@ from .models import AuditEvent
 SYSTEM_VALIDATOR = "system:validator"
 SYSTEM_SWEEP = "system:sweep"
 SYSTEM_COMPATIBILITY = "system:compatibility"
+SYSTEM_EVALUATOR = "system:evaluator"
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 engine alone on the same workload, plus a thundering herd on one cold adapter.
 
     .venv/bin/python bench/load.py [--clients 8] [--seconds 60] [--adapters 20] [--max-tokens 32]
+        [--system-prompt-tokens 0] [--no-prefix-caching]
 
 Everything runs in a throwaway var dir (SQLite, local object store) so it touches nothing
 else. Phase 1: N streaming clients over HTTP for T seconds, each request on a random
@@ -9,6 +10,11 @@ adapter of a random tenant. Phase 2: 50 simultaneous first requests for one cold
 then 50 for a warm one; the number of loads comes from /metrics. Phase 3 (server stopped):
 the same N-concurrency workload straight into an in-process AsyncLLMEngine for T seconds.
 The ratio of phase-1 to phase-3 tokens/s says whether the web layer is the bottleneck.
+With --system-prompt-tokens N, each tenant has its own system prompt of about N tokens
+(support instructions and examples, bench/prefix_cache.py) sent first in every chat request
+of phases 1 and 3 (the herd's requests stay as they are), and the prefix cache's hit rate
+over phase 1 comes from /metrics. --no-prefix-caching turns the engine's prefix cache off
+(LORAPLEX_ENABLE_PREFIX_CACHING=0 for the server, and in phase 3), for a before/after.
 The last line printed is one JSON object of the figures.
 """
 
@@ -46,8 +52,11 @@ def percentile(values, q):
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def setup_platform(var_dir: Path, model_dir: Path, n_adapters: int, n_tenants: int):
-    """Migrate, import the base model, make tenants, keys and ready adapters (+1 kept cold)."""
+def setup_platform(
+    var_dir: Path, model_dir: Path, n_adapters: int, n_tenants: int, system_tokens: int = 0
+):
+    """Migrate, import the base model, make tenants, keys and ready adapters (+1 kept cold);
+    with system_tokens, each tenant's system prompt of about that many tokens."""
     os.environ.update(
         LORAPLEX_VAR_DIR=str(var_dir),
         DJANGO_SETTINGS_MODULE="platform_site.settings",
@@ -70,7 +79,17 @@ def setup_platform(var_dir: Path, model_dir: Path, n_adapters: int, n_tenants: i
     base, _ = base_model_import(name="smollm2-135m-instruct", path=model_dir, serve=True)
     tenants = [tenant_create(slug=f"load-{t}", name=f"Load {t}") for t in range(n_tenants)]
     keys = [api_key_create(tenant=t, name="load", scopes=["inference"])[1] for t in tenants]
-    workload = []  # (key, model name, staged adapter folder)
+    systems = [""] * n_tenants
+    if system_tokens:
+        from prefix_cache import system_prompt
+
+        from inference.engine.tokenizer import Tokenizer
+
+        tok = Tokenizer.from_folder(model_dir)
+        systems = [
+            system_prompt(tok, system_tokens, company=f"Load {t} Ltd") for t in range(n_tenants)
+        ]
+    workload = []  # (key, model name, staged adapter folder, the tenant's system prompt)
     targets = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
     for i in range(n_adapters + 1):  # the last one stays cold for the thundering herd
         t = i % n_tenants
@@ -94,7 +113,7 @@ def setup_platform(var_dir: Path, model_dir: Path, n_adapters: int, n_tenants: i
         assert ready is not None, "the version is gone"
         assert ready.status == "ready", ready.report
         alias_set(adapter=adapter, name="production", version_number=ready.number, actor="bench")
-        workload.append((keys[t], f"adapter-{i}", folder))
+        workload.append((keys[t], f"adapter-{i}", folder, systems[t]))
     return workload[:-1], workload[-1]
 
 
@@ -124,11 +143,16 @@ def start_server(env: dict) -> tuple[str, subprocess.Popen]:
     raise SystemExit("serve did not become ready")
 
 
-async def http_request(client, url, key, model, max_tokens, prompt):
+def chat_messages(system: str, prompt: str) -> list[dict]:
+    user = [{"role": "user", "content": prompt}]
+    return [{"role": "system", "content": system}] + user if system else user
+
+
+async def http_request(client, url, key, model, max_tokens, prompt, system=""):
     """One streaming chat request; returns (ttft seconds, completion tokens) or raises."""
     body = {
         "model": model,
-        "messages": [{"role": "user", "content": prompt}],
+        "messages": chat_messages(system, prompt),
         "max_tokens": max_tokens,
         "temperature": 0,
         "ignore_eos": True,
@@ -167,9 +191,9 @@ async def run_load(send, workload, clients: int, seconds: float, max_tokens: int
     async def client_loop():
         nonlocal tokens, done
         while time.perf_counter() < deadline:
-            key, model, folder = rng.choice(workload)
+            key, model, folder, system = rng.choice(workload)
             try:
-                ttft, n = await send(key, model, folder, rng.choice(PROMPTS))
+                ttft, n = await send(key, model, folder, system, rng.choice(PROMPTS))
             except Exception as exc:  # counted, never fatal: the goal is zero
                 errors.append(str(exc)[:200])
                 continue
@@ -232,9 +256,9 @@ async def engine_alone(model_dir, workload, options, clients, seconds, max_token
     tok = engine.engine.tokenizer
     counter = iter(range(10**9))
 
-    async def send(key, model, folder, prompt):
+    async def send(key, model, folder, system, prompt):
         ids = tok.encode(
-            tok.apply_chat_template([{"role": "user", "content": prompt}]), add_special_tokens=False
+            tok.apply_chat_template(chat_messages(system, prompt)), add_special_tokens=False
         )
         params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
         start = time.perf_counter()
@@ -261,17 +285,29 @@ async def engine_alone(model_dir, workload, options, clients, seconds, max_token
 
 def main():
     args = bench_parser(
-        __doc__, clients=8, seconds=60.0, adapters=20, tenants=3, max_tokens=32, herd=50
+        __doc__,
+        clients=8,
+        seconds=60.0,
+        adapters=20,
+        tenants=3,
+        max_tokens=32,
+        herd=50,
+        system_prompt_tokens=0,
+        no_prefix_caching=False,
     ).parse_args()
     args.model = model_dir(args.model)
     var_dir = Path(tempfile.mkdtemp(prefix="loraplex-load-"))
-    workload, cold = setup_platform(var_dir, args.model.resolve(), args.adapters, args.tenants)
+    workload, cold = setup_platform(
+        var_dir, args.model.resolve(), args.adapters, args.tenants, args.system_prompt_tokens
+    )
+    caching = not args.no_prefix_caching
     options = {
         "max_loras": 8,
         "max_cpu_loras": 32,
         "max_lora_rank": 16,
         "max_num_seqs": 64,
         "enable_lora": True,
+        "enable_prefix_caching": caching,
     }
     env = {
         **os.environ,
@@ -282,6 +318,7 @@ def main():
         "LORAPLEX_RATE_LIMIT_RPM": "0",
         "LORAPLEX_RATE_LIMIT_TPM": "0",
         "LORAPLEX_TENANT_MAX_CONCURRENCY": "0",
+        "LORAPLEX_ENABLE_PREFIX_CACHING": "1" if caching else "0",
     }
     url, proc = start_server(env)
     try:
@@ -292,13 +329,15 @@ def main():
                 timeout=600, limits=httpx.Limits(max_connections=args.clients * 2)
             ) as c:
 
-                async def send(key, model, folder, prompt):
-                    return await http_request(c, url, key, model, args.max_tokens, prompt)
+                async def send(key, model, folder, system, prompt):
+                    return await http_request(c, url, key, model, args.max_tokens, prompt, system)
 
                 return await run_load(send, workload, args.clients, args.seconds, args.max_tokens)
 
         http = asyncio.run(http_phase())
         print("http", json.dumps(http), flush=True)
+        queries = metric_total(url, "loraplex_prefix_cache_queries_total")
+        hits = metric_total(url, "loraplex_prefix_cache_hits_total")
         loads_before = metric_total(url, "loraplex_lora_loads_total")
         cold_herd = asyncio.run(herd(url, cold[0], cold[1], args.herd, 8))
         loads_for_herd = metric_total(url, "loraplex_lora_loads_total") - loads_before
@@ -320,11 +359,14 @@ def main():
         "seconds": args.seconds,
         "adapters": args.adapters,
         "tenants": args.tenants,
+        "system_prompt_tokens": args.system_prompt_tokens,
+        "prefix_caching": caching,
         "http_completed": http["completed"],
         "http_errors": http["errors"],
         "http_tokens_per_s": round(http["tokens_per_s"], 2),
         "http_ttft_p50_s": http["ttft_p50_s"],
         "http_ttft_p99_s": http["ttft_p99_s"],
+        "http_prefix_cache_hit_rate": round(hits / queries, 3) if queries else None,
         "engine_tokens_per_s": round(alone["tokens_per_s"], 2),
         "http_over_engine": round(http["tokens_per_s"] / alone["tokens_per_s"], 3),
         "herd_loads": loads_for_herd,

@@ -8,7 +8,10 @@ class InferenceConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self):
+        from registry.metrics import EvaluationCollector
+
         from .engine_host import HOST
         from .metrics import REGISTRY, EngineCollector
 
         REGISTRY.register(EngineCollector(HOST.stats))
+        REGISTRY.register(EvaluationCollector())  # the quality gate's, from the database

@@ -5,9 +5,11 @@ resolution, tokenizing) before anything reaches the engine, so a refusal costs t
 nothing; each refusal is an ApiError (inference/errors.py) or one of the engine's own,
 which the view answers through platform_site/error_responses.py. Rendering and tokenizing
 a prompt run in a worker thread (a megabyte takes the best part of a second), after a
-length check that needs no tokenizer. `respond_json` and `respond_stream` then drive the
-engine's async stream; every request, however it ends (even a client gone before its
-stream began), leaves one usage record and releases its concurrency slot, once.
+length check that needs no tokenizer. The request then fans out into `n` engine requests,
+one per choice, read as one stream of `(choice index, output)` (inference/choices.py).
+`respond_json` and `respond_stream` drive that stream; every request, however it ends
+(even a client gone before its stream began), leaves one usage record and releases its
+concurrency slot, once.
 """
 
 import asyncio
@@ -28,6 +30,7 @@ from tenants.principal import Principal
 
 from . import ratelimit, usage
 from .auth import inference_principal
+from .choices import ChoiceStreams
 from .engine_host import HOST
 from .errors import ContextLengthExceeded, ProtocolError
 from .metrics import HTTP_REQUESTS
@@ -36,7 +39,7 @@ from .openai_responses import SSE_DONE, CompletionBuilder, sse
 from .resolution import ResolvedModel, resolve_model
 
 if TYPE_CHECKING:
-    from inference.engine import AsyncLLMEngine, RequestStream
+    from inference.engine import AsyncLLMEngine
 
 
 @dataclass
@@ -46,14 +49,14 @@ class Prepared:
     resolved: ResolvedModel
     engine: "AsyncLLMEngine"
     prompt_ids: list[int]
-    params: SamplingParams
+    params: list[SamplingParams]  # one per choice
     builder: CompletionBuilder
     include_usage: bool
     stream: bool
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     started: float = field(default_factory=time.monotonic)
     first_token_at: float | None = None
-    outputs: "RequestStream" = field(init=False)  # set by prepare() once the engine took it
+    outputs: ChoiceStreams = field(init=False)  # set by prepare() once the engine took them
     finished: bool = False  # _finish ran: the slot is released and the usage recorded
     reservation: ratelimit.Reservation | None = None  # tokens set aside, settled by _finish
 
@@ -92,11 +95,16 @@ async def prepare(request, kind: str) -> Prepared:
             f"for {room} in this model's {llm.max_seq_len}-token context.",
             param=param,
         )
-    params = SamplingParams(max_tokens=max_tokens, **parsed.sampling_kwargs())
+    params = [
+        SamplingParams(max_tokens=max_tokens, **parsed.sampling_kwargs(choice))
+        for choice in range(parsed.n)
+    ]
     builder = CompletionBuilder(
         kind=kind,
         model=parsed.model,
         logprobs=parsed.logprobs,
+        n=parsed.n,
+        prompt_logprobs=parsed.prompt_logprobs,
         decode_token=lambda tid: llm.tokenizer.decode([tid], skip_special_tokens=False),
     )
     prepared = Prepared(
@@ -113,7 +121,7 @@ async def prepare(request, kind: str) -> Prepared:
     ratelimit.acquire_slot(principal.tenant.id)
     try:
         prepared.reservation = await sync_to_async(ratelimit.reserve_tokens)(
-            tenant_id=principal.tenant.id, tokens=len(prompt_ids) + max_tokens
+            tenant_id=principal.tenant.id, tokens=len(prompt_ids) + parsed.n * max_tokens
         )
         prepared.outputs = _start(prepared)  # the engine validates here: errors are still 4xx
     except BaseException:
@@ -163,35 +171,40 @@ def _finish_when_the_request_ends(prepared: Prepared) -> None:
     request's end comes after every task serving it has ended (platform_site/request_end.py):
     unfinished then, nobody read the outputs."""
 
-    def ended() -> None:
-        if not prepared.finished:
-            prepared.outputs.close()  # aborts the engine request
-            _finish(prepared, UsageRecord.ABORTED)
-
-    on_request_end(ended)
+    on_request_end(lambda: _finish(prepared, UsageRecord.ABORTED))
 
 
-def _start(prepared: Prepared):
-    return prepared.engine.generate(
-        EngineRequest(
-            prepared.request_id,
-            sampling_params=prepared.params,
-            prompt_token_ids=prepared.prompt_ids,
-            lora_request=prepared.resolved.lora_request,
-            fairness_key=str(prepared.principal.tenant.id),
-        )
-    )
+def _start(prepared: Prepared) -> ChoiceStreams:
+    """One engine request per choice, on the same prompt tokens, adapter and fairness key
+    (the tenant). If the engine refuses one, those already queued are aborted."""
+    streams = []
+    try:
+        for choice, params in enumerate(prepared.params):
+            streams.append(
+                prepared.engine.generate(
+                    EngineRequest(
+                        f"{prepared.request_id}-{choice}",
+                        sampling_params=params,
+                        prompt_token_ids=prepared.prompt_ids,
+                        lora_request=prepared.resolved.lora_request,
+                        fairness_key=str(prepared.principal.tenant.id),
+                    )
+                )
+            )
+    except BaseException:
+        for stream in streams:
+            stream.close()
+        raise
+    return ChoiceStreams(streams)
 
 
 async def respond_json(prepared: Prepared) -> dict:
     status = UsageRecord.ERROR
     try:
-        async for out in prepared.outputs:
+        async for index, out in prepared.outputs:
             _note_first_token(prepared, out)
-            prepared.builder.add(out)
-        status = (
-            UsageRecord.ABORTED if prepared.builder.finish_reason == "abort" else UsageRecord.OK
-        )
+            prepared.builder.add(index, out)
+        status = UsageRecord.ABORTED if prepared.builder.aborted else UsageRecord.OK
         return prepared.builder.final_body()
     except asyncio.CancelledError:
         status = UsageRecord.ABORTED
@@ -201,21 +214,23 @@ async def respond_json(prepared: Prepared) -> dict:
 
 
 async def respond_stream(prepared: Prepared):
-    """The SSE body. Cancelled when the client disconnects, which aborts the engine request."""
+    """The SSE body: the choices' chunks interleaved as they come, each with its `index`.
+    Cancelled when the client disconnects, which aborts the engine requests."""
     status = UsageRecord.ERROR
     builder = prepared.builder
     try:
         if prepared.kind == "chat":
-            yield sse(builder.first_chunk())
-        async for out in prepared.outputs:
+            for role_chunk in builder.first_chunks():
+                yield sse(role_chunk)
+        async for index, out in prepared.outputs:
             _note_first_token(prepared, out)
-            chunk = builder.add(out)
+            chunk = builder.add(index, out)
             if chunk is not None:
                 yield sse(chunk)
         if prepared.include_usage:
             yield sse(builder.usage_chunk())
         yield SSE_DONE
-        status = UsageRecord.ABORTED if builder.finish_reason == "abort" else UsageRecord.OK
+        status = UsageRecord.ABORTED if builder.aborted else UsageRecord.OK
     except (asyncio.CancelledError, GeneratorExit):  # the client went away (mid-yield: closed)
         status = UsageRecord.ABORTED
         raise
@@ -237,6 +252,7 @@ def _finish(prepared: Prepared, status: str):
     if prepared.finished:
         return
     prepared.finished = True
+    prepared.outputs.close()  # aborts the choices not finished (a client gone, an error)
     ratelimit.release_slot(prepared.principal.tenant.id)
     b = prepared.builder
     ratelimit.settle_tokens(

@@ -82,6 +82,7 @@ class EngineCollector:
             "Requests preempted for lack of KV blocks.",
             stats["preemptions"],
         )
+        yield from _prefix_cache_metrics(stats)
         finished = CounterMetricFamily(
             "loraplex_requests_finished", "Finished requests by reason.", labels=["finish_reason"]
         )
@@ -137,8 +138,33 @@ def _lora_metrics(lora: dict):
     )
 
 
+# The engine's prefix cache counters, in tokens: stats key -> (our help, vLLM v1's help).
+_PREFIX_CACHE_COUNTERS = {
+    "prefix_cache_queries": (
+        "Prompt tokens looked up in the prefix cache.",
+        "Prefix cache queries, in queried tokens (vLLM-compatible).",
+    ),
+    "prefix_cache_hits": (
+        "Prompt tokens found in the prefix cache (not computed again).",
+        "Prefix cache hits, in cached tokens (vLLM-compatible).",
+    ),
+}
+
+
+def _prefix_cache_metrics(stats: dict):
+    """Counted in tokens, so hits / queries is the share of prompt tokens not recomputed."""
+    for key, (doc, _) in _PREFIX_CACHE_COUNTERS.items():
+        yield _counter(f"loraplex_{key}", doc, stats.get(key, 0))
+    yield _gauge(
+        "loraplex_prefix_cache_blocks",
+        "KV cache blocks the prefix cache holds now.",
+        stats.get("prefix_cache_blocks", 0),
+    )
+
+
 def _vllm_compatible(stats: dict):
-    """The three gauges LoRA-aware routers (Gateway API Inference Extension, llm-d) read."""
+    """The gauges LoRA-aware routers (Gateway API Inference Extension, llm-d) read, and vLLM
+    v1's prefix cache counters (in tokens), under vLLM's names."""
     yield _gauge(
         "vllm:num_requests_waiting",
         "Requests waiting (vLLM-compatible).",
@@ -148,6 +174,8 @@ def _vllm_compatible(stats: dict):
     yield _gauge(
         "vllm:kv_cache_usage_perc", "KV cache usage, 0-1 (vLLM-compatible).", used / max(total, 1)
     )
+    for key, (_, doc) in _PREFIX_CACHE_COUNTERS.items():
+        yield _counter(f"vllm:{key}", doc, stats.get(key, 0))
     lora = stats.get("lora") or {}
     running, waiting = lora.get("running_adapters", []), lora.get("waiting_adapter_names", [])
     if not adapter_names_shown():

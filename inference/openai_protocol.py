@@ -12,6 +12,9 @@ from .errors import InvalidJson, ProtocolError, UnknownParameter, UnsupportedPar
 
 MAX_TOP_LOGPROBS = 20
 MAX_STOP_SEQUENCES = 4
+# `n`: one HTTP request fans out into at most this many engine requests, one per choice, on
+# the same prompt tokens (each choice's tokens cost like a request's).
+MAX_CHOICES = 16
 # Every number has bounds, so none reaches torch (or a C long) out of range: a seed seeds a
 # torch.Generator, which takes 64 bits; the engine draws its own seeds from 63 of them.
 MAX_SEED = 2**63 - 1
@@ -23,7 +26,6 @@ _NEUTRAL = {
     "presence_penalty": (0, 0.0),
     "frequency_penalty": (0, 0.0),
     "logit_bias": ({},),
-    "n": (1,),
     "best_of": (1,),
     "echo": (False,),
     "parallel_tool_calls": (False,),
@@ -47,6 +49,8 @@ _COMMON = {
     "seed",
     "stop",
     "ignore_eos",
+    "n",
+    "prompt_logprobs",  # vLLM's extension: the prompt tokens' logprobs
 }
 CHAT_FIELDS = _COMMON | {
     "messages",
@@ -77,16 +81,22 @@ class GenerationRequest:
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: int | None = None  # None: off; N: chosen token plus the top N
+    n: int = 1  # choices: one engine request each
+    prompt_logprobs: int | None = None  # None: off; N: each prompt token's plus the top N
 
-    def sampling_kwargs(self) -> dict:
+    def sampling_kwargs(self, choice: int = 0) -> dict:
+        """SamplingParams' arguments for choice `choice` (0 to n - 1). As in vLLM, choice i
+        samples with `seed + i` (without a seed the engine draws one per request); only choice
+        0 asks for the prompt's logprobs, which are the same for every choice."""
         return {
             "temperature": self.temperature,
             "top_p": self.top_p,
             "top_k": self.top_k,
-            "seed": self.seed,
+            "seed": None if self.seed is None else self.seed + choice,
             "stop": self.stop,
             "ignore_eos": self.ignore_eos,
             "logprobs": self.logprobs,
+            "prompt_logprobs": self.prompt_logprobs if choice == 0 else None,
         }
 
 
@@ -114,14 +124,9 @@ def parse_chat_request(body: dict) -> GenerationRequest:
     if logprobs not in (None, True, False):
         raise ProtocolError("logprobs must be a boolean.", param="logprobs")
     top = body.get("top_logprobs")
-    if top is not None:
-        if not logprobs:
-            raise ProtocolError("top_logprobs needs logprobs: true.", param="top_logprobs")
-        _require(
-            _is_int(top) and 0 <= top <= MAX_TOP_LOGPROBS,
-            f"top_logprobs must be an integer from 0 to {MAX_TOP_LOGPROBS}.",
-            "top_logprobs",
-        )
+    if top is not None and not logprobs:
+        raise ProtocolError("top_logprobs needs logprobs: true.", param="top_logprobs")
+    _optional_int(top, "top_logprobs", 0, MAX_TOP_LOGPROBS)
     request.logprobs = (top or 0) if logprobs else None
     return request
 
@@ -131,15 +136,15 @@ def parse_completion_request(body: dict) -> GenerationRequest:
     request = _parse_common(body)
     request.prompt = _parse_prompt(body.get("prompt"))
     request.max_tokens = _optional_positive_int(body.get("max_tokens", 16), "max_tokens")
-    logprobs = body.get("logprobs")
-    if logprobs is not None:
-        _require(
-            _is_int(logprobs) and 0 <= logprobs <= MAX_TOP_LOGPROBS,
-            f"logprobs must be an integer from 0 to {MAX_TOP_LOGPROBS}.",
-            "logprobs",
-        )
-    request.logprobs = logprobs
+    request.logprobs = _optional_int(body.get("logprobs"), "logprobs", 0, MAX_TOP_LOGPROBS)
     return request
+
+
+def parse_chat_messages(messages) -> list[dict]:
+    """`messages` checked exactly as a chat request's (the registry's eval sets use it too):
+    a list of `{"role", "content"}` dicts with roles normalised, or a ProtocolError naming
+    the offending `messages[i]` field."""
+    return _parse_messages(messages)
 
 
 def _refuse_unsupported(body: dict, allowed: set[str]):
@@ -204,7 +209,33 @@ def _parse_common(body: dict) -> GenerationRequest:
     ignore_eos = body.get("ignore_eos", False)
     _require(isinstance(ignore_eos, bool), "ignore_eos must be a boolean.", "ignore_eos")
     request.ignore_eos = ignore_eos
+    request.n = _parse_n(body.get("n"), request.seed)
+    request.prompt_logprobs = _parse_prompt_logprobs(body.get("prompt_logprobs"), stream)
     return request
+
+
+def _parse_n(value, seed: int | None) -> int:
+    n = _optional_int(value, "n", 1, MAX_CHOICES)
+    if n is None:
+        return 1
+    if seed is not None and seed > MAX_SEED - (n - 1):
+        raise ProtocolError(
+            f"With n={n}, seed must be at most {MAX_SEED - (n - 1)} (2**63 - {n}): choice i "
+            "samples with seed + i, which must stay within 2**63 - 1.",
+            param="seed",
+        )
+    return n
+
+
+def _parse_prompt_logprobs(value, stream: bool) -> int | None:
+    k = _optional_int(value, "prompt_logprobs", 0, MAX_TOP_LOGPROBS)
+    # vLLM refuses them in a stream too: a stream has no place for them.
+    _require(
+        k is None or not stream,
+        "prompt_logprobs are not available with stream: true.",
+        "prompt_logprobs",
+    )
+    return k
 
 
 def _parse_stop(stop) -> list[str]:
@@ -291,11 +322,15 @@ def _parse_prompt(prompt) -> str | list[int]:
 
 
 def _optional_positive_int(value, param: str) -> int | None:
+    return _optional_int(value, param, 1, MAX_COUNT)
+
+
+def _optional_int(value, param: str, low: int, high: int) -> int | None:
     if value is None:
         return None
     _require(
-        _is_int(value) and 1 <= value <= MAX_COUNT,
-        f"{param} must be an integer from 1 to {MAX_COUNT}.",
+        _is_int(value) and low <= value <= high,
+        f"{param} must be an integer from {low} to {high}.",
         param,
     )
     return value

@@ -1,7 +1,8 @@
 """Building OpenAI-shaped response bodies and stream chunks from engine outputs.
 
-One accumulator per request (`CompletionBuilder`) sees every engine delta; it renders
-either one final body or, chunk by chunk, a server-sent-event stream.
+One accumulator per request (`CompletionBuilder`) sees every engine delta of each of its
+`n` choices; it renders either one final body or, chunk by chunk, a server-sent-event
+stream whose chunks carry their choice's `index`.
 """
 
 import json
@@ -19,59 +20,98 @@ def sse(payload) -> bytes:
 SSE_DONE = sse("[DONE]")
 
 
+# JSON has no infinity: a token the model rules out gets vLLM's stand-in for its logprob.
+MIN_LOGPROB = -9999.0
+
+
+@dataclass
+class Choice:
+    """What one choice (one engine request) has produced so far."""
+
+    index: int
+    text: str = ""
+    token_logprobs: list = field(default_factory=list)
+    finish_reason: str | None = None
+    completion_tokens: int = 0
+
+
 @dataclass
 class CompletionBuilder:
-    """Accumulates one request's deltas. `kind` is "chat" or "text" (the /v1/completions API)."""
+    """Accumulates one request's deltas, for each of its `n` choices. `kind` is "chat" or
+    "text" (the /v1/completions API)."""
 
     kind: str
     model: str
     decode_token: Callable[[int], str]  # token id -> its text, for logprob entries
     logprobs: int | None = None
+    n: int = 1
+    prompt_logprobs: int | None = None  # None: not asked for; k: the top k at each position
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: int = field(default_factory=lambda: int(time.time()))
-    text: str = ""
-    token_logprobs: list = field(default_factory=list)
-    finish_reason: str | None = None
     prompt_tokens: int = 0
-    completion_tokens: int = 0
+    prompt_logprob_entries: list[dict | None] | None = None  # vLLM's shape, from choice 0
+    choices: list[Choice] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.choices = [Choice(index=i) for i in range(self.n)]
 
     @property
     def object_id(self) -> str:
         return ("chatcmpl-" if self.kind == "chat" else "cmpl-") + self.id
 
-    def add(self, output) -> dict | None:
-        """Take one engine delta; return the stream chunk for it (None when it adds nothing)."""
-        self.text += output.new_text
-        self.prompt_tokens, self.completion_tokens = output.prompt_tokens, output.completion_tokens
+    @property
+    def completion_tokens(self) -> int:
+        return sum(choice.completion_tokens for choice in self.choices)
+
+    @property
+    def aborted(self) -> bool:
+        """Whether a choice ended unfinished (the engine shut down under it)."""
+        return any(choice.finish_reason == "abort" for choice in self.choices)
+
+    def add(self, index: int, output) -> dict | None:
+        """Take one engine delta of choice `index`; return the stream chunk for it (None when
+        it adds nothing)."""
+        choice = self.choices[index]
+        choice.text += output.new_text
+        self.prompt_tokens = output.prompt_tokens
+        choice.completion_tokens = output.completion_tokens
+        if self.prompt_logprobs is not None and output.prompt_logprobs is not None:
+            self.prompt_logprob_entries = [
+                self._prompt_logprob_entry(lp) for lp in output.prompt_logprobs
+            ]
         entries = (
             [self._logprob_entry(lp) for lp in output.new_logprobs]
             if self.logprobs is not None
             else []
         )
-        self.token_logprobs += entries
+        choice.token_logprobs += entries
         if output.finished:
-            self.finish_reason = output.finish_reason  # "stop", "length", or "abort" (shutdown)
+            choice.finish_reason = output.finish_reason  # "stop", "length", "abort" (shutdown)
         if not output.new_text and not output.finished and not entries:
             return None
         return self._chunk(
-            output.new_text, entries, self.finish_reason if output.finished else None
+            index, output.new_text, entries, choice.finish_reason if output.finished else None
         )
 
-    def first_chunk(self) -> dict:
-        """Chat streams open with the assistant role, as OpenAI's do."""
-        return self._envelope(
-            "chat.completion.chunk",
-            [
-                {
-                    "index": 0,
-                    "delta": {"role": "assistant", "content": ""},
-                    "logprobs": None,
-                    "finish_reason": None,
-                }
-            ],
-        )
+    def first_chunks(self) -> list[dict]:
+        """Chat streams open with the assistant role, one chunk per choice, as OpenAI's do."""
+        return [
+            self._envelope(
+                "chat.completion.chunk",
+                [
+                    {
+                        "index": choice.index,
+                        "delta": {"role": "assistant", "content": ""},
+                        "logprobs": None,
+                        "finish_reason": None,
+                    }
+                ],
+            )
+            for choice in self.choices
+        ]
 
     def usage(self) -> dict:
+        """The prompt counts once, however many choices share it."""
         return {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
@@ -83,33 +123,42 @@ class CompletionBuilder:
         return {**self._envelope(kind, []), "usage": self.usage()}
 
     def final_body(self) -> dict:
-        if self.kind == "chat":
-            choice = {
-                "index": 0,
-                "message": {"role": "assistant", "content": self.text},
-                "logprobs": {"content": self.token_logprobs} if self.logprobs is not None else None,
-                "finish_reason": self.finish_reason,
-            }
-            return {**self._envelope("chat.completion", [choice]), "usage": self.usage()}
-        choice = {
-            "index": 0,
-            "text": self.text,
-            "logprobs": self._text_logprobs(self.token_logprobs),
-            "finish_reason": self.finish_reason,
-        }
-        return {**self._envelope("text_completion", [choice]), "usage": self.usage()}
+        kind = "chat.completion" if self.kind == "chat" else "text_completion"
+        choices = [self._final_choice(c) for c in self.choices]
+        body = {**self._envelope(kind, choices), "usage": self.usage()}
+        if self.kind == "chat" and self.prompt_logprobs is not None:
+            body["prompt_logprobs"] = self.prompt_logprob_entries  # vLLM: once, beside choices
+        return body
 
-    def _chunk(self, text: str, entries: list, finish_reason) -> dict:
+    def _final_choice(self, c: Choice) -> dict:
+        if self.kind == "chat":
+            return {
+                "index": c.index,
+                "message": {"role": "assistant", "content": c.text},
+                "logprobs": {"content": c.token_logprobs} if self.logprobs is not None else None,
+                "finish_reason": c.finish_reason,
+            }
+        choice = {
+            "index": c.index,
+            "text": c.text,
+            "logprobs": self._text_logprobs(c.token_logprobs),
+            "finish_reason": c.finish_reason,
+        }
+        if self.prompt_logprobs is not None:  # vLLM: in each choice of a completion
+            choice["prompt_logprobs"] = self.prompt_logprob_entries
+        return choice
+
+    def _chunk(self, index: int, text: str, entries: list, finish_reason) -> dict:
         if self.kind == "chat":
             choice = {
-                "index": 0,
+                "index": index,
                 "delta": {"content": text} if text else {},
                 "logprobs": {"content": entries} if self.logprobs is not None else None,
                 "finish_reason": finish_reason,
             }
             return self._envelope("chat.completion.chunk", [choice])
         choice = {
-            "index": 0,
+            "index": index,
             "text": text,
             "logprobs": self._text_logprobs(entries),
             "finish_reason": finish_reason,
@@ -140,6 +189,25 @@ class CompletionBuilder:
                 for tid, value in lp.top[: self.logprobs]
             ],
         }
+
+    def _prompt_logprob_entry(self, lp) -> dict | None:
+        """vLLM's shape: None for the first prompt token (it has no context), else the prompt
+        token and the k most likely ones there, keyed by token id (a JSON string key)."""
+        if lp is None:
+            return None
+        ranked = [(lp.token_id, lp.logprob, lp.rank)]
+        ranked += [(tid, value, rank) for rank, (tid, value) in enumerate(lp.top, 1)]
+        entry: dict[str, dict] = {}
+        for tid, value, rank in ranked[: 1 + (self.prompt_logprobs or 0)]:
+            entry.setdefault(
+                str(tid),
+                {
+                    "logprob": max(value, MIN_LOGPROB),
+                    "rank": rank,
+                    "decoded_token": self.decode_token(tid),
+                },
+            )
+        return entry
 
     def _text_logprobs(self, entries: list) -> dict | None:
         """The legacy completions API has its own parallel-list layout."""

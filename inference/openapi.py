@@ -10,7 +10,13 @@ what inference/openai_protocol.py accepts; a change there belongs here too.
 from typing import Any
 
 from . import operator_protocol as protocol
-from .openai_protocol import MAX_COUNT, MAX_SEED, MAX_STOP_SEQUENCES, MAX_TOP_LOGPROBS
+from .openai_protocol import (
+    MAX_CHOICES,
+    MAX_COUNT,
+    MAX_SEED,
+    MAX_STOP_SEQUENCES,
+    MAX_TOP_LOGPROBS,
+)
 
 OPENAI_TAG = "OpenAI-compatible"
 OPERATOR_TAG = "Operators"
@@ -67,7 +73,13 @@ _SAMPLING = {
         "not": {"enum": [0]},
         "description": "-1 (off) or a positive integer.",
     },
-    "seed": {"type": "integer", "minimum": 0, "maximum": MAX_SEED},
+    "seed": {
+        "type": "integer",
+        "minimum": 0,
+        "maximum": MAX_SEED,
+        "description": "Choice i samples with `seed + i`, so with `n` choices `seed` may be at "
+        "most 2**63 - n.",
+    },
     "stop": {
         "oneOf": [
             {"type": "string", "minLength": 1},
@@ -79,10 +91,41 @@ _SAMPLING = {
         ]
     },
     "ignore_eos": {"type": "boolean", "default": False},
-    "n": {"type": "integer", "enum": [1]},
+    "n": {
+        "type": "integer",
+        "minimum": 1,
+        "maximum": MAX_CHOICES,
+        "default": 1,
+        "nullable": True,
+        "description": "How many choices to generate for the prompt, each an engine request of "
+        "its own on the same prompt; usage counts the prompt once and the "
+        "completion tokens of every choice. The tokens reserved against the tenant's budget "
+        "are the prompt plus `n` times `max_tokens`.",
+    },
+    "prompt_logprobs": {
+        "type": "integer",
+        "minimum": 0,
+        "maximum": MAX_TOP_LOGPROBS,
+        "nullable": True,
+        "description": "vLLM's extension: the logprob of every prompt token after the first "
+        "(with its rank), plus the `prompt_logprobs` most likely tokens at each position. Not "
+        "with `stream`.",
+    },
     "user": {"type": "string"},
 }
 _MAX_TOKENS = {"type": "integer", "minimum": 1, "maximum": MAX_COUNT, "nullable": True}
+
+
+def _excludes(option: str, switch: str) -> dict:
+    """`option` (when set) never with `switch: true`."""
+    return {
+        "anyOf": [
+            {"not": {"required": [switch]}},
+            {"properties": {switch: {"enum": [False]}}},
+            {"not": {"required": [option]}},
+            {"properties": {option: {"enum": [None]}}},
+        ]
+    }
 
 
 def _needs(option: str, switch: str) -> dict:
@@ -137,7 +180,11 @@ SCHEMAS: dict[str, dict[str, Any]] = {
         "type": "object",
         "required": ["model", "messages"],
         "additionalProperties": False,  # an unknown parameter is a 400 naming it
-        "allOf": [_needs("stream_options", "stream"), _needs("top_logprobs", "logprobs")],
+        "allOf": [
+            _needs("stream_options", "stream"),
+            _needs("top_logprobs", "logprobs"),
+            _excludes("prompt_logprobs", "stream"),
+        ],
         "properties": {
             **_SAMPLING,
             "messages": {"type": "array", "items": _ref("ChatMessage"), "minItems": 1},
@@ -151,7 +198,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
         "type": "object",
         "required": ["model", "prompt"],
         "additionalProperties": False,
-        "allOf": [_needs("stream_options", "stream")],
+        "allOf": [_needs("stream_options", "stream"), _excludes("prompt_logprobs", "stream")],
         "properties": {
             **_SAMPLING,
             "prompt": {
@@ -177,6 +224,25 @@ SCHEMAS: dict[str, dict[str, Any]] = {
             "total_tokens": {"type": "integer"},
         },
     },
+    "PromptLogprobs": {
+        "type": "array",
+        "description": "vLLM's shape: one entry per prompt token, null for the first (it has "
+        "no context), else the prompt token and the most likely tokens there, keyed by token "
+        "id.",
+        "items": {
+            "type": "object",
+            "nullable": True,
+            "additionalProperties": {
+                "type": "object",
+                "required": ["logprob", "rank", "decoded_token"],
+                "properties": {
+                    "logprob": {"type": "number", "description": "-9999.0 for minus infinity"},
+                    "rank": {"type": "integer", "minimum": 1, "nullable": True},
+                    "decoded_token": {"type": "string"},
+                },
+            },
+        },
+    },
     "Completion": {
         "type": "object",
         "required": ["id", "object", "created", "model", "choices"],
@@ -185,8 +251,30 @@ SCHEMAS: dict[str, dict[str, Any]] = {
             "object": {"type": "string", "enum": ["chat.completion", "text_completion"]},
             "created": {"type": "integer"},
             "model": {"type": "string"},
-            "choices": {"type": "array", "items": {"type": "object"}},
+            "choices": {
+                "type": "array",
+                "description": "`n` choices, `index` 0 to n - 1.",
+                "items": {
+                    "type": "object",
+                    "required": ["index", "finish_reason"],
+                    "properties": {
+                        "index": {"type": "integer", "minimum": 0},
+                        "message": {"type": "object", "description": "Chat."},
+                        "text": {"type": "string", "description": "Completions."},
+                        "logprobs": {"type": "object", "nullable": True},
+                        "finish_reason": {"type": "string", "nullable": True},
+                        "prompt_logprobs": {
+                            "allOf": [_ref("PromptLogprobs")],
+                            "description": "Completions, with `prompt_logprobs`.",
+                        },
+                    },
+                },
+            },
             "usage": _ref("Usage"),
+            "prompt_logprobs": {
+                "allOf": [_ref("PromptLogprobs")],
+                "description": "Chat, with `prompt_logprobs` (the same for every choice).",
+            },
         },
     },
     "ModelList": {

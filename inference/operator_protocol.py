@@ -3,9 +3,10 @@ operator endpoints (inference/operator.py, inference/urls.py) agree on. Constant
 
 Shaped like vLLM's adapter endpoints: POST `{"lora_name": "<tenant>/<adapter>[@alias|:n]"}`
 (registry/model_names.py) to load, unload, pin or unpin; GET the loaded adapters; GET
-/metrics. Engines run in other processes, so calls carry `Authorization: Bearer
-$LORAPLEX_OPERATOR_TOKEN`, and /metrics `$LORAPLEX_METRICS_TOKEN` (a staff session with the
-`registry.operate_engines` permission also works when calling an engine directly).
+/metrics; POST an eval set to score (the quality gate). Engines run in other processes, so
+calls carry `Authorization: Bearer $LORAPLEX_OPERATOR_TOKEN`, and /metrics
+`$LORAPLEX_METRICS_TOKEN` (a staff session with the `registry.operate_engines` permission
+also works when calling an engine directly).
 """
 
 PREFIX = "/v1/"  # where platform_site/urls.py mounts inference/urls.py
@@ -18,6 +19,12 @@ LIST = "lora_adapters"  # GET: {"object": "list", "data": [{"name", "tier", "pin
 METRICS_PATH = "/metrics"
 
 LORA_NAME = "lora_name"  # the one field of a POST body, echoed in the answer
+
+# The quality gate's scoring call (inference/scoring_api.py): POST {"adapter_version": "<version
+# uid>" | null, "rows": [...]}, answered with each row's and the totals' negative log-likelihood.
+SCORE = "internal/score"
+ADAPTER_VERSION = "adapter_version"
+ROWS = "rows"
 
 
 def path(action: str) -> str:

@@ -3,7 +3,7 @@
 Fixed one-minute windows with atomic counters (`add` then `incr`), so every replica that
 shares the cache (Redis in production) sees the same count. Requests count per API key,
 or per signed-in user and tenant (the playground). Tokens are reserved when a request is
-admitted, as much as it may use (prompt + max_tokens), and settled when it ends (the
+admitted, as much as it may use (prompt + n * max_tokens), and settled when it ends (the
 unused part goes back): a burst of concurrent requests cannot overshoot the budget,
 because a reservation that passes it is taken back and refused.
 
@@ -138,7 +138,7 @@ def check_token_budget(*, tenant_id: int) -> None:
 
 
 def reserve_tokens(*, tenant_id: int, tokens: int) -> Reservation | None:
-    """Set aside the most this request can use (prompt + max_tokens) or refuse it.
+    """Set aside the most this request can use (prompt + n * max_tokens) or refuse it.
 
     Returns None when there is nothing to settle (no limit, or the backend is down).
     """
@@ -148,8 +148,8 @@ def reserve_tokens(*, tenant_id: int, tokens: int) -> Reservation | None:
     start, retry_after = _window()
     if tokens > limit:
         raise TokensExceeded(
-            f"This request may use {tokens} tokens (prompt + max_tokens), more than this "
-            f"tenant's budget of {limit} tokens per minute; lower max_tokens.",
+            f"This request may use {tokens} tokens (prompt + n * max_tokens), more than this "
+            f"tenant's budget of {limit} tokens per minute; lower max_tokens (or n).",
             retry_after=retry_after,
         )
     key = f"rl:tok:{tenant_id}:{start}"
@@ -160,7 +160,7 @@ def reserve_tokens(*, tenant_id: int, tokens: int) -> Reservation | None:
         _adjust(key, -tokens)
         left = max(0, limit - (used - tokens))
         raise TokensExceeded(
-            f"Token limit reached: this request may use {tokens} tokens (prompt + max_tokens) "
+            f"Token limit reached: this request may use {tokens} tokens (prompt + n * max_tokens) "
             f"and {left} of this tenant's {limit} tokens per minute are left.",
             retry_after=retry_after,
         )

@@ -1,7 +1,7 @@
 from django.urls import path
 
 from . import operator_protocol as protocol
-from . import views
+from . import scoring_api, views
 
 urlpatterns = [
     path("chat/completions", views.chat_completions, name="chat-completions"),
@@ -13,4 +13,5 @@ urlpatterns = [
     path(protocol.PIN, views.pin_lora_adapter, name="operator-pin"),
     path(protocol.UNPIN, views.unpin_lora_adapter, name="operator-unpin"),
     path(protocol.LIST, views.lora_adapters, name="operator-list"),
+    path(protocol.SCORE, scoring_api.score, name="operator-score"),  # the quality gate
 ]

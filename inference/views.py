@@ -80,7 +80,8 @@ async def models(request):
 async def prometheus_metrics(request):
     require_method(request, "GET")
     authorize_scrape(request)
-    return HttpResponse(metrics.render(), content_type="text/plain; version=0.0.4; charset=utf-8")
+    body = await sync_to_async(metrics.render)()  # some collectors read the database
+    return HttpResponse(body, content_type="text/plain; version=0.0.4; charset=utf-8")
 
 
 # ---------------------------------------------------------------- operators (inference/operator.py)

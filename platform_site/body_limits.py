@@ -25,6 +25,7 @@ from registry.errors import UploadTooLarge
 from registry.uploads import MULTIPART_OVERHEAD, limits
 
 UPLOAD_ROUTE = "registry-versions"
+EVAL_SET_ROUTE = "registry-eval-set"
 # (the declared size or None while counting, the limit) -> the refusal to answer
 Refusal = Callable[[int | None, int], ApiError]
 
@@ -60,6 +61,8 @@ def route_limit(scope) -> tuple[int, Refusal]:
     """(bytes, how to refuse more) for this request."""
     if scope["method"] == "POST" and _is_multipart(scope) and _route(scope) == UPLOAD_ROUTE:
         return sum(limits().values()) + MULTIPART_OVERHEAD, _upload_too_large
+    if scope["method"] == "PUT" and _is_multipart(scope) and _route(scope) == EVAL_SET_ROUTE:
+        return settings.EVAL_MAX_BYTES + MULTIPART_OVERHEAD, _eval_set_too_large
     return settings.MAX_REQUEST_BYTES, _request_too_large
 
 
@@ -73,7 +76,15 @@ def _request_too_large(size: int | None, limit: int) -> ApiError:
 def _upload_too_large(size: int | None, limit: int) -> ApiError:
     return UploadTooLarge(
         f"The upload {_size(size, limit)}; this deployment accepts adapters up to "
-        f"{settings.MAX_ADAPTER_BYTES} bytes of weights ({limit} bytes with the config)."
+        f"{settings.MAX_ADAPTER_BYTES} bytes of weights ({limit} bytes with the config and "
+        f"an eval set of up to {settings.EVAL_MAX_BYTES} bytes)."
+    )
+
+
+def _eval_set_too_large(size: int | None, limit: int) -> ApiError:
+    return UploadTooLarge(
+        f"The upload {_size(size, limit)}; eval sets may hold up to {settings.EVAL_MAX_BYTES} "
+        f"bytes (LORAPLEX_EVAL_MAX_BYTES)."
     )
 
 

@@ -64,3 +64,28 @@ def production_secrets(app_configs, **kwargs) -> list[Error]:
             )
         )
     return errors
+
+
+@register()
+def quality_gate_factors(app_configs, **kwargs) -> list[Error]:
+    """The quality gate's factors (registry/quality.py) must let a version pass at all."""
+    errors = []
+    if not settings.EVAL_MAX_PPL_RATIO >= 1.0:
+        errors.append(
+            Error(
+                f"LORAPLEX_EVAL_MAX_PPL_RATIO is {settings.EVAL_MAX_PPL_RATIO}; a version's "
+                "perplexity could not even equal its own first figure.",
+                hint="Use 1.0 or more (the default is 1.10).",
+                id="loraplex.E010",
+            )
+        )
+    base_ratio = settings.EVAL_MAX_BASE_RATIO
+    if base_ratio is not None and not base_ratio > 0:
+        errors.append(
+            Error(
+                f"LORAPLEX_EVAL_MAX_BASE_RATIO is {base_ratio}; it must be above 0, or unset.",
+                hint="Unset it to turn the check off, or use e.g. 1.0 (no worse than the base).",
+                id="loraplex.E011",
+            )
+        )
+    return errors

@@ -186,6 +186,14 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # Adapter registry (see the README's configuration table).
 MAX_LORA_RANK = env.int("LORAPLEX_MAX_LORA_RANK", default=64)
 MAX_ADAPTER_BYTES = env.int("LORAPLEX_MAX_ADAPTER_BYTES", default=512 * 1024 * 1024)
+# Eval sets (registry/eval_sets.py): JSONL rows each adapter version is measured on.
+EVAL_MAX_ROWS = env.int("LORAPLEX_EVAL_MAX_ROWS", default=200)
+EVAL_MAX_BYTES = env.int("LORAPLEX_EVAL_MAX_BYTES", default=1024 * 1024)
+# The quality gate (registry/quality.py): a version serves only while its eval-set perplexity
+# is at most this factor of its first evaluation's figure, and (when set; off by default) at
+# most this factor of the base model's perplexity alone on the same rows.
+EVAL_MAX_PPL_RATIO = env.float("LORAPLEX_EVAL_MAX_PPL_RATIO", default=1.10)
+EVAL_MAX_BASE_RATIO = env.float("LORAPLEX_EVAL_MAX_BASE_RATIO", default=None)
 MODELS_DIR = Path(env.str("LORAPLEX_MODELS_DIR", default=str(VAR_DIR / "models")))
 ADAPTER_CACHE_DIR = Path(
     env.str("LORAPLEX_ADAPTER_CACHE_DIR", default=str(VAR_DIR / "adapter-cache"))
@@ -208,10 +216,15 @@ TASK_SOFT_TIME_LIMIT = env.int("LORAPLEX_TASK_SOFT_TIME_LIMIT", default=600)
 QUOTA_PENDING_VERSIONS = env.int("LORAPLEX_QUOTA_PENDING_VERSIONS", default=10)
 QUOTA_UPLOADS_PER_HOUR = env.int("LORAPLEX_QUOTA_UPLOADS_PER_HOUR", default=60)
 QUOTA_ADAPTER_BYTES = env.int("LORAPLEX_QUOTA_ADAPTER_BYTES", default=20 * 1024**3)
+SWEEP_INTERVAL_SECONDS = env.float("LORAPLEX_SWEEP_INTERVAL_SECONDS", default=300.0)
 CELERY_BEAT_SCHEDULE = {
     "registry-sweep-stuck-validations": {
         "task": "registry.sweep_stuck_validations",
-        "schedule": env.float("LORAPLEX_SWEEP_INTERVAL_SECONDS", default=300.0),
+        "schedule": SWEEP_INTERVAL_SECONDS,
+    },
+    "registry-sweep-stuck-evaluations": {
+        "task": "registry.sweep_stuck_evaluations",
+        "schedule": SWEEP_INTERVAL_SECONDS,
     },
 }
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
@@ -285,11 +298,14 @@ ENGINE_OPTIONS = {
     "dtype": env.str("LORAPLEX_DTYPE", default="auto"),
     "max_model_len": env.int("LORAPLEX_MAX_MODEL_LEN", default=None),
     "max_num_seqs": env.int("LORAPLEX_MAX_NUM_SEQS", default=64),
+    "max_num_batched_tokens": env.int("LORAPLEX_MAX_NUM_BATCHED_TOKENS", default=None),
     "kv_cache_bytes": env.int("LORAPLEX_KV_CACHE_BYTES", default=None),
     "max_loras": env.int("LORAPLEX_MAX_LORAS", default=8),
     "max_cpu_loras": env.int("LORAPLEX_MAX_CPU_LORAS", default=32),
     "max_lora_rank": MAX_LORA_RANK,
     "enable_lora": True,
+    "enable_prefix_caching": env.bool("LORAPLEX_ENABLE_PREFIX_CACHING", default=True),
+    "enable_chunked_prefill": env.bool("LORAPLEX_ENABLE_CHUNKED_PREFILL", default=True),
 }
 PINNED_ADAPTERS = env.list("LORAPLEX_PINNED_ADAPTERS", default=[])  # "tenant/adapter[@alias]"
 DRAIN_SECONDS = env.int("LORAPLEX_DRAIN_SECONDS", default=30)

@@ -8,6 +8,7 @@ permission, touching the engines `registry.operate_engines` (registry/permission
 from django.contrib import admin, messages
 from django.contrib.auth import get_permission_codename
 from django.db.models import Count
+from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
 from platform_site.admin_columns import count_column
@@ -15,10 +16,13 @@ from platform_site.admin_columns import count_column
 from . import engines, queue
 from .errors import RegistryError
 from .model_names import alias_name, version_name
-from .models import Adapter, AdapterVersion, Alias, BaseModel
+from .models import Adapter, AdapterVersion, Alias, BaseModel, EvalSet, Evaluation
 from .names import PRODUCTION
 from .permissions import OPERATE_ENGINES_CODENAME, can_operate_engines
+from .quality import figure, short_revision
+from .selectors import quality_progress
 from .services.aliases import alias_set
+from .services.evaluations import evaluation_override, evaluations_rerun
 from .services.versions import adapter_version_revalidate
 
 # The admin index links to the read-only engines page (registry/admin_engines.py).
@@ -71,14 +75,56 @@ OPERATE = (OPERATE_ENGINES_CODENAME,)
 
 @admin.register(BaseModel)
 class BaseModelAdmin(ReadOnlyAdmin):
-    list_display = ["name", "short_revision", "is_served", "local_path", "updated_at"]
+    list_display = [
+        "name",
+        "short_revision",
+        "is_served",
+        "evaluation_progress",
+        "local_path",
+        "updated_at",
+    ]
     list_filter = ["is_served"]
     search_fields = ["name", "revision", "local_path"]
+    readonly_fields = ["upgrade_progress"]
     actions = ["recheck"]
 
     @admin.display(description="revision")
     def short_revision(self, obj):
         return obj.revision[:12]
+
+    @admin.display(description="adapter versions on this revision")
+    def evaluation_progress(self, obj):
+        """Counts per quality state (ready versions): an upgrade's progress at a glance."""
+        progress = quality_progress(base_model=obj, limit=0)
+        parts = [f"{n} {state}" for state, n in progress.counts.items() if n]
+        return f"{progress.done}/{progress.total} evaluated: " + (", ".join(parts) or "none")
+
+    @admin.display(description="quality gate on the current revision")
+    def upgrade_progress(self, obj):
+        """The counts per quality state, and every degraded (or failed) version with why."""
+        progress = quality_progress(base_model=obj)
+        counts = format_html_join(
+            "",
+            '<tr><td><span class="quality-{}">{}</span></td><td>{}</td></tr>',
+            ((state, state, n) for state, n in progress.counts.items()),
+        )
+        versions_url = reverse("admin:registry_adapterversion_changelist")
+        degraded = format_html_join(
+            "",
+            '<li><a href="{}?q={}">{}</a> ({}): {}</li>',
+            ((versions_url, v.uid, v, v.quality, v.quality_detail) for v in progress.degraded),
+        )
+        return format_html(
+            "<p>revision <code>{}</code>: {} of {} ready versions evaluated</p>"
+            "<table><tr><th>quality</th><th>versions</th></tr>{}</table>"
+            "<p>Degraded or failed here (not served until an operator overrides them, or a "
+            "new version passes):</p><ul>{}</ul>",
+            short_revision(progress.revision),
+            progress.done,
+            progress.total,
+            counts,
+            degraded or format_html("<li>none</li>"),
+        )
 
     @admin.action(
         description="Re-check every adapter version against the current revision",
@@ -158,6 +204,7 @@ class AdapterVersionAdmin(ReadOnlyAdmin):
         "__str__",
         "status",
         "compatible",
+        "quality_column",
         "rank",
         "size",
         "attempts",
@@ -167,14 +214,44 @@ class AdapterVersionAdmin(ReadOnlyAdmin):
     list_filter = [
         "status",
         "compatible",
+        "quality",
         "infra_failure",
         "adapter__base_model",
         "adapter__tenant",
     ]
     search_fields = ["adapter__name", "adapter__tenant__slug", "weights_sha256", "uid"]
-    readonly_fields = ["readable_report"]
+    readonly_fields = ["readable_report", "evaluations_table"]
     exclude = ["report"]
-    actions = ["revalidate", "restage", "promote", "pin", "unpin"]
+    actions = ["revalidate", "restage", "promote", "evaluate", "override_quality", "pin", "unpin"]
+
+    @admin.display(description="quality", ordering="quality")
+    def quality_column(self, obj):
+        return format_html('<span title="{}">{}</span>', obj.quality_detail, obj.quality)
+
+    @admin.display(description="evaluations")
+    def evaluations_table(self, obj):
+        rows = format_html_join(
+            "",
+            "<tr><td>{}</td><td>{}</td><td><code>{}</code></td><td>{}</td><td>{}</td>"
+            "<td>{}</td><td>{}</td></tr>",
+            (
+                (
+                    e.created_at.strftime("%Y-%m-%d %H:%M:%S"),
+                    e.status,
+                    short_revision(e.base_revision),
+                    figure(e.adapter_perplexity),
+                    figure(e.base_perplexity),
+                    figure(e.reference_perplexity),
+                    e.reason,
+                )
+                for e in obj.evaluations.order_by("-pk")[:20]
+            ),
+        )
+        return format_html(
+            "<table><tr><th>when</th><th>status</th><th>revision</th><th>adapter ppl</th>"
+            "<th>base ppl</th><th>reference</th><th>reason</th></tr>{}</table>",
+            rows or format_html("<tr><td colspan=7>(none yet)</td></tr>"),
+        )
 
     def get_queryset(self, request):
         return super().get_queryset(request).select_related("adapter__tenant")
@@ -243,6 +320,37 @@ class AdapterVersionAdmin(ReadOnlyAdmin):
                 messages.error(request, f"{version}: {exc.message}")
 
     @admin.action(
+        description="Re-run the evaluation of selected versions (quality gate)",
+        permissions=MANAGE,
+    )
+    def evaluate(self, request, queryset):
+        queued = evaluations_rerun(
+            versions=queryset.select_related("adapter"), actor=admin_actor(request)
+        )
+        skipped = queryset.count() - len(queued)
+        messages.success(request, f"Queued the evaluation of {len(queued)} version(s).")
+        if skipped:
+            messages.warning(
+                request,
+                f"{skipped} version(s) are not ready and checked compatible with their base "
+                "model's current revision: nothing to evaluate.",
+            )
+
+    @admin.action(
+        description="Override the quality gate: let degraded or failed versions serve",
+        permissions=MANAGE,
+    )
+    def override_quality(self, request, queryset):
+        for version in queryset.select_related("adapter__tenant"):
+            try:
+                evaluation_override(version=version, actor=admin_actor(request))
+                messages.success(
+                    request, f"{version}: overridden; it serves on this base revision."
+                )
+            except RegistryError as exc:
+                messages.error(request, f"{version}: {exc.message}")
+
+    @admin.action(
         description="Pin selected ready versions on the engines (kept loaded)", permissions=OPERATE
     )
     def pin(self, request, queryset):
@@ -276,3 +384,100 @@ class AliasAdmin(ReadOnlyAdmin):
     @admin.action(description="Unpin selected aliases on the engines", permissions=OPERATE)
     def unpin(self, request, queryset):
         pin_on_engines(request, [alias_name(a) for a in queryset], pinned=False)
+
+
+@admin.register(EvalSet)
+class EvalSetAdmin(ReadOnlyAdmin):
+    """Read-only: tenants replace theirs through the API, operators the generic ones with
+    `manage.py set_default_eval_set`; rows and their objects go together, never here."""
+
+    list_display = [
+        "__str__",
+        "adapter",
+        "base_model",
+        "is_current",
+        "rows",
+        "size",
+        "short_sha256",
+        "created_by",
+        "created_at",
+    ]
+    list_filter = ["is_current", "base_model", "adapter__tenant"]
+    search_fields = ["adapter__name", "adapter__tenant__slug", "base_model__name", "sha256"]
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).select_related("adapter__tenant", "base_model")
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    @admin.display(description="sha256")
+    def short_sha256(self, obj):
+        return obj.sha256[:12]
+
+
+@admin.register(Evaluation)
+class EvaluationAdmin(ReadOnlyAdmin):
+    """Read-only: evaluations are made by the worker; re-run and override on the versions."""
+
+    list_display = [
+        "version",
+        "status",
+        "trigger",
+        "revision",
+        "adapter_ppl",
+        "base_ppl",
+        "reference_ppl",
+        "duration",
+        "created_at",
+    ]
+    list_filter = ["status", "trigger", "version__adapter__base_model", "version__adapter__tenant"]
+    search_fields = [
+        "version__adapter__name",
+        "version__adapter__tenant__slug",
+        "base_revision",
+        "reason",
+    ]
+    exclude = ["rows"]
+    readonly_fields = ["per_row"]
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).select_related("version__adapter__tenant")
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    @admin.display(description="revision", ordering="base_revision")
+    def revision(self, obj):
+        return obj.base_revision[:12]
+
+    @admin.display(description="adapter ppl", ordering="adapter_perplexity")
+    def adapter_ppl(self, obj):
+        return figure(obj.adapter_perplexity)
+
+    @admin.display(description="base ppl", ordering="base_perplexity")
+    def base_ppl(self, obj):
+        return figure(obj.base_perplexity)
+
+    @admin.display(description="reference ppl")
+    def reference_ppl(self, obj):
+        return figure(obj.reference_perplexity)
+
+    @admin.display(description="seconds", ordering="duration_seconds")
+    def duration(self, obj):
+        return "–" if obj.duration_seconds is None else f"{obj.duration_seconds:.1f}"
+
+    @admin.display(description="per row (summed NLL)")
+    def per_row(self, obj):
+        rows = format_html_join(
+            "",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            (
+                (i, row.get("tokens"), row.get("adapter_nll"), row.get("base_nll"))
+                for i, row in enumerate(obj.rows or [], 1)
+            ),
+        )
+        return format_html(
+            "<table><tr><th>row</th><th>tokens</th><th>adapter</th><th>base</th></tr>{}</table>",
+            rows or format_html("<tr><td colspan=4>(none)</td></tr>"),
+        )

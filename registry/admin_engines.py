@@ -1,4 +1,5 @@
-"""The operators' read-only engines page: loaded adapters by tier, slots, KV cache, hit rates."""
+"""The operators' read-only engines page: loaded adapters by tier, slots, KV cache, adapter
+and prefix cache hit rates."""
 
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied

@@ -6,7 +6,12 @@ through a tenant-scoped selector, so another tenant's adapter is the same 404 as
 
 from django.urls import reverse
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_serializer
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    extend_schema,
+    extend_schema_field,
+    extend_schema_serializer,
+)
 from rest_framework import serializers, status
 from rest_framework.parsers import JSONParser, MultiPartParser
 from rest_framework.response import Response
@@ -14,19 +19,37 @@ from rest_framework.views import APIView
 
 from audit.models import AuditEvent
 from audit.selectors import audit_event_list
+from platform_site.errors import NotFound
 from tenants.authentication import TenantScope
 from tenants.principal import principal_for_request
 from tenants.scopes import REGISTRY_READ, REGISTRY_WRITE
 
 from . import selectors
-from .models import Adapter, AdapterVersion, Alias, BaseModel
+from .models import Adapter, AdapterVersion, Alias, BaseModel, EvalSet, Evaluation
 from .services.adapters import adapter_create, adapter_delete, adapter_update
 from .services.aliases import alias_delete, alias_set
+from .services.eval_sets import eval_set_attach, eval_set_for
 from .services.quotas import quota_check
 from .services.versions import adapter_version_create
-from .uploads import CONFIG_FIELD, WEIGHTS_FIELD, LimitedUploadHandler, parse_s3_source, s3_import
+from .uploads import (
+    CONFIG_FIELD,
+    EVAL_FIELD,
+    EVAL_SET_FIELD,
+    WEIGHTS_FIELD,
+    EvalSetUploadHandler,
+    LimitedUploadHandler,
+    parse_s3_source,
+    s3_import,
+)
+
+EVAL_SET_FORMAT = (
+    'JSONL, one object per line: {"messages": [{"role", "content"}, ...], "completion": ...} '
+    'or {"prompt": ..., "completion": ...}'
+)
 
 READ = {"GET": REGISTRY_READ, "HEAD": REGISTRY_READ, "OPTIONS": REGISTRY_READ}
+# What VersionOutputSerializer reads of evaluations, prefetched for lists of versions.
+EVALUATION_READS = ("evaluations__eval_set", "reference_evaluation")
 
 
 class RegistryApi(APIView):
@@ -62,11 +85,84 @@ class CheckSerializer(serializers.Serializer):
     message = serializers.CharField()
 
 
+class FiguresSerializer(serializers.Serializer):
+    tokens = serializers.IntegerField(help_text="completion tokens scored")
+    nll = serializers.FloatField(help_text="mean negative log-likelihood per token")
+    perplexity = serializers.FloatField(help_text="exp(nll)")
+
+
+class ReferenceSerializer(serializers.Serializer):
+    perplexity = serializers.FloatField(help_text="the adapter's, at its first evaluation")
+    base_revision = serializers.CharField()
+    evaluated_at = serializers.DateTimeField(allow_null=True)
+
+
+class RowFiguresSerializer(serializers.Serializer):
+    tokens = serializers.IntegerField()
+    adapter_nll = serializers.FloatField(allow_null=True, help_text="summed over the row")
+    base_nll = serializers.FloatField(allow_null=True, help_text="summed over the row")
+
+
+class EvaluationOutputSerializer(serializers.ModelSerializer):
+    """One evaluation of a version: its eval set's figures under the adapter and the base
+    model alone, on one base revision, and the quality gate's verdict."""
+
+    eval_set = serializers.SerializerMethodField(help_text="{sha256, rows, kind}; null: none")
+    adapter = serializers.SerializerMethodField()
+    base = serializers.SerializerMethodField()
+    ratio = serializers.FloatField(
+        allow_null=True, help_text="adapter perplexity / the reference (first evaluation)"
+    )
+    base_ratio = serializers.FloatField(
+        allow_null=True, help_text="adapter perplexity / the base model's alone"
+    )
+
+    class Meta:
+        model = Evaluation
+        fields = [
+            "status", "trigger", "base_revision", "eval_set", "adapter", "base",
+            "reference_perplexity", "ratio", "base_ratio", "reason", "attempts",
+            "created_at", "started_at", "finished_at", "duration_seconds",
+        ]  # fmt: skip
+
+    def get_eval_set(self, evaluation) -> dict | None:
+        eval_set = evaluation.eval_set
+        if eval_set is None:
+            return None
+        kind = "generic" if eval_set.is_generic else "own"
+        return {"sha256": evaluation.eval_set_sha256, "rows": eval_set.rows, "kind": kind}
+
+    @extend_schema_field(FiguresSerializer(allow_null=True))
+    def get_adapter(self, evaluation) -> dict | None:
+        return _figures(
+            evaluation.adapter_tokens, evaluation.adapter_nll, evaluation.adapter_perplexity
+        )
+
+    @extend_schema_field(FiguresSerializer(allow_null=True))
+    def get_base(self, evaluation) -> dict | None:
+        return _figures(evaluation.base_tokens, evaluation.base_nll, evaluation.base_perplexity)
+
+
+def _figures(tokens, nll, perplexity) -> dict | None:
+    if perplexity is None:
+        return None
+    return {"tokens": tokens, "nll": nll, "perplexity": perplexity}
+
+
 class VersionOutputSerializer(serializers.ModelSerializer):
     adapter = serializers.CharField(source="adapter.name")
     url = serializers.SerializerMethodField()
     target_modules = serializers.ListField(child=serializers.CharField())
     report = CheckSerializer(many=True)
+    evaluation = serializers.SerializerMethodField(
+        help_text="the newest evaluation (null before the first); `rows` in one version's GET"
+    )
+    reference = serializers.SerializerMethodField(
+        help_text="the figure later evaluations are held to: its first evaluation's"
+    )
+    override = serializers.SerializerMethodField(
+        help_text="an operator's override of a degraded or failed evaluation: {by, at}"
+    )
 
     class Meta:
         model = AdapterVersion
@@ -75,8 +171,35 @@ class VersionOutputSerializer(serializers.ModelSerializer):
             "config_sha256", "weights_sha256", "config_size", "weights_size",
             "rank", "alpha", "target_modules", "report",
             "compatible", "checked_revision", "compatibility_detail",
-            "attempts", "created_by", "created_at", "validated_at",
+            "quality", "quality_revision", "quality_detail", "evaluation", "reference",
+            "override", "attempts", "created_by", "created_at", "validated_at",
         ]  # fmt: skip
+
+    @extend_schema_field(EvaluationOutputSerializer(allow_null=True))
+    def get_evaluation(self, version) -> dict | None:
+        latest = version.latest_evaluation
+        if latest is None:
+            return None
+        data = EvaluationOutputSerializer(latest).data
+        if self.context.get("rows"):
+            data["rows"] = RowFiguresSerializer(latest.rows, many=True).data
+        return data
+
+    @extend_schema_field(ReferenceSerializer(allow_null=True))
+    def get_reference(self, version) -> dict | None:
+        reference = version.reference_evaluation
+        if reference is None:
+            return None
+        return {
+            "perplexity": reference.adapter_perplexity,
+            "base_revision": reference.base_revision,
+            "evaluated_at": reference.finished_at,
+        }
+
+    def get_override(self, version) -> dict | None:
+        if not version.quality_overridden_by:
+            return None
+        return {"by": version.quality_overridden_by, "at": version.quality_overridden_at}
 
     def get_url(self, version) -> str:
         path = reverse(
@@ -93,6 +216,25 @@ class AliasOutputSerializer(serializers.ModelSerializer):
     class Meta:
         model = Alias
         fields = ["name", "version", "weight", "updated_by", "updated_at"]
+
+
+class EvalSetOutputSerializer(serializers.ModelSerializer):
+    kind = serializers.SerializerMethodField(
+        help_text="own: the adapter's; generic: its base model's, set by the operator"
+    )
+    base_model = serializers.SerializerMethodField(
+        help_text="the base model whose generic set this is (null for the adapter's own)"
+    )
+
+    class Meta:
+        model = EvalSet
+        fields = ["kind", "base_model", "rows", "size", "sha256", "created_by", "created_at"]
+
+    def get_kind(self, eval_set) -> str:
+        return "generic" if eval_set.is_generic else "own"
+
+    def get_base_model(self, eval_set) -> str | None:
+        return eval_set.base_model.name if eval_set.is_generic else None
 
 
 class AuditEventOutputSerializer(serializers.ModelSerializer):
@@ -199,6 +341,11 @@ class VersionListCreateApi(RegistryApi):
     class UploadSerializer(serializers.Serializer):
         config = serializers.FileField(help_text="adapter_config.json")
         weights = serializers.FileField(help_text="adapter_model.safetensors")
+        eval = serializers.FileField(
+            required=False,
+            allow_empty_file=True,
+            help_text=f"optional: the adapter's eval set, attached in the same call ({EVAL_SET_FORMAT})",
+        )
 
     @extend_schema_serializer(component_name="VersionImportInput")
     class ImportSerializer(serializers.Serializer):
@@ -217,6 +364,7 @@ class VersionListCreateApi(RegistryApi):
     def get(self, request, name):
         adapter = selectors.adapter_get(tenant=self.principal.tenant, name=name)
         versions = selectors.adapter_version_list(tenant=adapter.tenant, adapter_name=adapter.name)
+        versions = versions.prefetch_related(*EVALUATION_READS)
         context = {"request": request}
         return Response(VersionOutputSerializer(versions, many=True, context=context).data)
 
@@ -227,7 +375,9 @@ class VersionListCreateApi(RegistryApi):
         description=(
             "Answers 202 with the new pending version and the URL to poll; identical bytes "
             "answer 200 with the existing version. Validation runs in the background. The "
-            "tenant's quotas (pending versions, uploads per hour, stored bytes) apply."
+            "tenant's quotas (pending versions, uploads per hour, stored bytes) apply. An "
+            "`eval` part becomes the adapter's eval set; it is validated first, so a bad one "
+            "refuses the whole upload and stores nothing."
         ),
     )
     def post(self, request, name):
@@ -242,6 +392,7 @@ class VersionListCreateApi(RegistryApi):
                 config=data.validated_data[CONFIG_FIELD],
                 weights=data.validated_data[WEIGHTS_FIELD],
                 actor=actor,
+                eval_set=data.validated_data.get(EVAL_FIELD),
             )
         else:
             data = self.ImportSerializer(data=request.data)
@@ -259,12 +410,74 @@ class VersionListCreateApi(RegistryApi):
 class VersionDetailApi(RegistryApi):
     required_scopes = READ
 
-    @extend_schema(responses=VersionOutputSerializer, summary="One version: status and report")
+    @extend_schema(
+        responses=VersionOutputSerializer,
+        summary="One version: status, report and evaluation",
+        description=(
+            "`quality` is the quality gate's verdict on `quality_revision` (`pending`, `passed`, "
+            "`degraded`, `failed`, `overridden`, or `unevaluated`), `quality_detail` says why; "
+            "`evaluation` holds the newest evaluation's figures, here with one entry per eval "
+            "set row in `rows`."
+        ),
+    )
     def get(self, request, name, number):
         version = selectors.adapter_version_get(
             tenant=self.principal.tenant, adapter_name=name, number=number
         )
-        return Response(VersionOutputSerializer(version, context={"request": request}).data)
+        context = {"request": request, "rows": True}
+        return Response(VersionOutputSerializer(version, context=context).data)
+
+
+# ---------------------------------------------------------------- eval sets
+
+
+class EvalSetApi(RegistryApi):
+    parser_classes = [MultiPartParser]
+
+    @extend_schema_serializer(component_name="EvalSetUploadInput")
+    class UploadSerializer(serializers.Serializer):
+        file = serializers.FileField(allow_empty_file=True, help_text=EVAL_SET_FORMAT)
+
+    def initialize_request(self, request, *args, **kwargs):
+        # As for version uploads: spill to disk and count bytes before anything reads the body.
+        if request.method == "PUT":
+            request.upload_handlers = [EvalSetUploadHandler(request)]
+        return super().initialize_request(request, *args, **kwargs)
+
+    @extend_schema(
+        responses=EvalSetOutputSerializer,
+        summary="The eval set the adapter's versions are measured on",
+        description="Its own, else its base model's generic one; 404 when there is neither.",
+    )
+    def get(self, request, name):
+        adapter = selectors.adapter_get(tenant=self.principal.tenant, name=name)
+        eval_set = eval_set_for(adapter)
+        if eval_set is None:
+            raise NotFound(
+                f"adapter '{adapter.name}' has no eval set, and base model "
+                f"{adapter.base_model.name} has no generic one; PUT one here (multipart "
+                f"'{EVAL_SET_FIELD}')"
+            )
+        return Response(EvalSetOutputSerializer(eval_set).data)
+
+    @extend_schema(
+        request={"multipart/form-data": UploadSerializer},
+        responses={201: EvalSetOutputSerializer, 200: EvalSetOutputSerializer},
+        summary="Attach or replace the adapter's own eval set",
+        description=(
+            "201 with the new set; 200 when the bytes are those of the current set (nothing "
+            "changes). A bad set is refused with the line and field named, and nothing is stored."
+        ),
+    )
+    def put(self, request, name):
+        adapter = selectors.adapter_get(tenant=self.principal.tenant, name=name)
+        data = self.UploadSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        eval_set, created = eval_set_attach(
+            adapter=adapter, file=data.validated_data[EVAL_SET_FIELD], actor=self.principal.label
+        )
+        code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
+        return Response(EvalSetOutputSerializer(eval_set).data, status=code)
 
 
 # ---------------------------------------------------------------- aliases

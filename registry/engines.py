@@ -2,13 +2,16 @@
 
 Each `serve` process that hosts an engine answers the operator protocol
 (inference/operator_protocol.py): pin and unpin by qualified model name
-(registry/model_names.py), list the loaded adapters, and /metrics. Engines are listed in
-LORAPLEX_ENGINE_URLS and reached with the operator token (/metrics with the metrics token).
+(registry/model_names.py), list the loaded adapters, /metrics, and score an eval set for the
+quality gate. Engines are listed in LORAPLEX_ENGINE_URLS and reached with the operator token
+(/metrics with the metrics token).
 """
 
 from __future__ import annotations
 
 import json
+import math
+import sys
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
@@ -19,34 +22,47 @@ from prometheus_client.parser import text_string_to_metric_families
 from inference import operator_protocol as protocol
 
 TIMEOUT_SECONDS = 30  # pinning may wait for the adapter to load
+# Scoring a whole eval set twice (adapter and base) at background priority, behind tenants'.
+SCORE_TIMEOUT_SECONDS = 900
+# The embedded default (`make run`): no LORAPLEX_ENGINE_URLS, the engine runs in `serve`.
+EMBEDDED_ENGINE_URL = "http://127.0.0.1:8000"
 
 
 class EngineCallFailed(Exception):
-    def __init__(self, engine: str, message: str):
+    def __init__(self, engine: str, message: str, *, status: int | None = None):
         super().__init__(f"{engine}: {message}")
         self.engine = engine
         self.message = message
+        self.status = status  # the engine's HTTP status; None when it did not answer
 
 
 def engine_urls() -> list[str]:
     return list(settings.ENGINE_URLS)
 
 
-def _call(engine: str, method: str, path: str, body: dict | None = None) -> bytes:
+def _call(
+    engine: str,
+    method: str,
+    path: str,
+    body: dict | None = None,
+    *,
+    timeout: float = TIMEOUT_SECONDS,
+) -> bytes:
     headers = {"Accept": "application/json"}
     token = settings.METRICS_TOKEN if path == protocol.METRICS_PATH else settings.OPERATOR_TOKEN
     if token:
         headers.update(protocol.authorization(token))
     data = None
     if body is not None:
-        data = json.dumps(body).encode()
+        data = _encode(body)
         headers["Content-Type"] = "application/json"
     request = urllib.request.Request(engine + path, data=data, method=method, headers=headers)
     try:
-        with urllib.request.urlopen(request, timeout=TIMEOUT_SECONDS) as response:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
             return response.read()
     except urllib.error.HTTPError as exc:
-        raise EngineCallFailed(engine, f"HTTP {exc.code}: {_error_message(exc)}") from None
+        message = f"HTTP {exc.code}: {_error_message(exc)}"
+        raise EngineCallFailed(engine, message, status=exc.code) from None
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
         raise EngineCallFailed(engine, f"unreachable ({reason})") from None
@@ -82,6 +98,104 @@ def set_pinned(lora_name: str, *, pinned: bool) -> list[PinResult]:
     return results
 
 
+# Answers that another engine would give too: the request (or the credentials) is wrong.
+_REFUSALS = frozenset({400, 401, 403, 404, 405, 413})
+_WRAPPER_BYTES = 1024  # a scoring body's bytes besides its rows
+
+
+class ScoringFailed(Exception):
+    """No engine scored the rows. `retryable` is False when an engine refused the request itself
+    (a bad row, an unknown version, the credentials): trying again would get the same answer.
+    Otherwise every engine was unreachable, timed out or could not serve it now (restarting,
+    not yet on the version's base revision); `failures` says what each one answered."""
+
+    def __init__(self, message: str, failures: list[EngineCallFailed], *, retryable: bool):
+        detail = "; ".join(str(f) for f in failures)
+        super().__init__(f"{message}: {detail}" if detail else message)
+        self.failures = failures
+        self.retryable = retryable
+        self.summary = message
+
+    @property
+    def without_engines(self) -> str:
+        """What went wrong, without the engines' addresses (for tenants' eyes)."""
+        answers = list(dict.fromkeys(f.message for f in self.failures))
+        return f"{self.summary}: {'; '.join(answers)}" if answers else self.summary
+
+
+def score_on_engine(
+    version_uid, rows: list[dict], *, timeout: float = SCORE_TIMEOUT_SECONDS
+) -> dict:
+    """Score eval rows (`{"messages"|"prompt", "completion"}`) under a version (its uid; None
+    for the base model alone) and under the base model, on the first engine that answers
+    (LORAPLEX_ENGINE_URLS in order, else the embedded default's `serve`). Returns the engine's
+    answer (inference/scoring_api.py): `base_revision`, per row `tokens`, `adapter_nll`,
+    `base_nll`, and the `adapter` and `base` totals. Rows go in as few requests as the
+    engines' limits allow (LORAPLEX_MAX_REQUEST_BYTES, LORAPLEX_EVAL_MAX_ROWS), their answers
+    merged into one. Raises ScoringFailed; `timeout` bounds the wait for each answer."""
+    uid = None if version_uid is None else str(version_uid)
+    answers = [_score_batch(uid, batch, timeout) for batch in _batches(list(rows))]
+    return answers[0] if len(answers) == 1 else _merged(answers)
+
+
+def _encode(body) -> bytes:
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def _batches(rows: list[dict]) -> list[list[dict]]:
+    """Consecutive rows, as many to a request as fit the body and row limits (a row too big
+    for any request goes alone, for the engine to refuse)."""
+    room = settings.MAX_REQUEST_BYTES - _WRAPPER_BYTES
+    most = getattr(settings, "EVAL_MAX_ROWS", 200)
+    batches: list[list[dict]] = [[]]
+    size = 0
+    for row in rows:
+        row_size = len(_encode(row)) + 1  # and its comma
+        if batches[-1] and (size + row_size > room or len(batches[-1]) >= most):
+            batches.append([])
+            size = 0
+        batches[-1].append(row)
+        size += row_size
+    return batches
+
+
+def _score_batch(uid: str | None, rows: list[dict], timeout: float) -> dict:
+    body = {protocol.ADAPTER_VERSION: uid, protocol.ROWS: rows}
+    failures = []
+    for engine in engine_urls() or [EMBEDDED_ENGINE_URL]:
+        try:
+            raw = _call(engine, "POST", protocol.path(protocol.SCORE), body, timeout=timeout)
+        except EngineCallFailed as exc:
+            if exc.status in _REFUSALS:
+                refused = ScoringFailed("the engine refused the eval set", [exc], retryable=False)
+                raise refused from None
+            failures.append(exc)
+            continue
+        try:
+            answer = json.loads(raw)
+        except ValueError:
+            answer = None
+        if isinstance(answer, dict) and isinstance(answer.get(protocol.ROWS), list):
+            return answer
+        failures.append(EngineCallFailed(engine, "the answer is not the expected JSON object"))
+    raise ScoringFailed("no engine scored the eval set", failures, retryable=True)
+
+
+def _merged(answers: list[dict]) -> dict:
+    """One answer for several requests' rows, in order, with the totals over all of them."""
+    if len({answer["base_revision"] for answer in answers}) > 1:
+        raise ScoringFailed("the base model's revision changed while scoring", [], retryable=True)
+    merged = {**answers[0], protocol.ROWS: [row for a in answers for row in a[protocol.ROWS]]}
+    for part in ("adapter", "base"):
+        if merged.get(part) is None:
+            continue
+        tokens = sum(answer[part]["tokens"] for answer in answers)
+        nll = sum(answer[part]["nll"] * answer[part]["tokens"] for answer in answers) / tokens
+        perplexity = math.exp(nll) if nll < math.log(sys.float_info.max) else sys.float_info.max
+        merged[part] = {"tokens": tokens, "nll": nll, "perplexity": perplexity}
+    return merged
+
+
 @dataclass
 class EngineState:
     """What the engines page shows for one engine; `error` says why a part is missing."""
@@ -91,6 +205,19 @@ class EngineState:
     metrics: dict[str, float] = field(default_factory=dict)
     hit_rates: dict[str, dict] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+
+    @property
+    def prefix_cache(self) -> dict[str, float | None]:
+        """Prompt tokens looked up in the engine's prefix cache, those found, the hit rate
+        (None before any lookup) and the blocks it holds now."""
+        queries = self.metrics.get("loraplex_prefix_cache_queries_total", 0.0)
+        hits = self.metrics.get("loraplex_prefix_cache_hits_total", 0.0)
+        return {
+            "queries": queries,
+            "hits": hits,
+            "rate": hits / queries if queries else None,
+            "blocks": self.metrics.get("loraplex_prefix_cache_blocks", 0.0),
+        }
 
     @property
     def tiers(self) -> list[tuple[str, list[dict]]]:

@@ -74,11 +74,28 @@ class SourceNotFound(RegistryError, status=400, code="source_not_found"):
 
 
 class UploadTooLarge(RegistryError, status=413, code="upload_too_large"):
-    """More bytes than this deployment accepts for an adapter."""
+    """More bytes than this deployment accepts for an adapter (or an eval set)."""
 
 
 class InsufficientStorage(RegistryError, status=507, code="insufficient_storage"):
     """This server's disk filled up while receiving the files; nothing was kept."""
+
+
+class InvalidEvalSet(RegistryError, status=400, code="invalid_eval_set"):
+    """An eval set that is not JSONL rows of `completion` plus `messages` or `prompt` within the
+    limits; the message starts with the line and names the field (also `line` and `field`)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        line: int | None = None,
+        field: str | None = None,
+    ):
+        super().__init__(message, param=param)
+        self.line = line
+        self.field = field
 
 
 # ---------------------------------------------------------------- quotas (per tenant)
@@ -123,12 +140,18 @@ class VersionIncompatible(Conflict, status=409, code="version_incompatible"):
     """The version has not been checked against (or failed on) the adapter's base model."""
 
 
+class EvaluationNotPassed(Conflict, status=409, code="evaluation_not_passed"):
+    """An alias may only point at a version whose evaluation passed on the base model's
+    current revision (or that an operator overrode); the message says which figure failed."""
+
+
 class InvalidTransition(Conflict, status=409, code="invalid_transition"):
     """A version's status may not move that way (a ready version is immutable)."""
 
 
 class NotServable(Conflict, status=409, code="version_not_servable"):
-    """The version exists but may not be served (not ready, or not checked against this base)."""
+    """The version exists but may not be served (not ready, not checked against this base, or
+    not passed its evaluation there)."""
 
 
 # ---------------------------------------------------------------- storage (the operator's side)

@@ -4,6 +4,9 @@ Rows are changed only through `registry.services`; reads go through `registry.se
 which is where tenant isolation lives.
 """
 
+from __future__ import annotations
+
+import math
 import uuid
 
 from django.core.validators import MaxValueValidator, MinValueValidator
@@ -74,6 +77,19 @@ class AdapterVersion(models.Model):
 
     PENDING, VALIDATING, READY, REJECTED = Status  # short names: AdapterVersion.READY
 
+    class Quality(models.TextChoices):
+        """The quality gate's verdict on the base revision in `quality_revision`
+        (registry/services/quality.py moves it; registry/quality.py is the gate)."""
+
+        UNEVALUATED = "unevaluated", "unevaluated"
+        PENDING = "pending", "pending"  # an evaluation is due (new version, new base revision)
+        PASSED = "passed", "passed"
+        DEGRADED = "degraded", "degraded"  # a figure passed its factor
+        FAILED = "failed", "failed"  # could not be evaluated (engine, eval set, no reference)
+        OVERRIDDEN = "overridden", "overridden"  # an operator lets a degraded or failed one serve
+
+    SERVABLE_QUALITY = (Quality.PASSED, Quality.OVERRIDDEN)
+
     adapter = models.ForeignKey(Adapter, on_delete=models.CASCADE, related_name="versions")
     number = models.PositiveIntegerField()
     uid = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
@@ -104,6 +120,28 @@ class AdapterVersion(models.Model):
     compatible = models.BooleanField(null=True, blank=True)
     compatibility_detail = models.TextField(blank=True)
 
+    # The quality gate (registry/quality.py): servable only once passed on the current revision.
+    quality = models.CharField(max_length=16, choices=Quality.choices, default=Quality.UNEVALUATED)
+    quality_revision = models.CharField(
+        max_length=64, blank=True, help_text="the base model revision the quality verdict is for"
+    )
+    quality_detail = models.TextField(blank=True, help_text="why: the figures, or what failed")
+    reference_evaluation = models.ForeignKey(
+        "Evaluation",
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+        help_text="its first evaluation with figures: the perplexity later ones are held to",
+    )
+    accepted_revision = models.CharField(
+        max_length=64,
+        blank=True,
+        help_text="the base revision of its first verdict: only there may a reference be measured",
+    )
+    quality_overridden_by = models.CharField(max_length=100, blank=True)
+    quality_overridden_at = models.DateTimeField(null=True, blank=True)
+
     attempts = models.PositiveIntegerField(default=0, help_text="validation runs started")
     validation_started_at = models.DateTimeField(null=True, blank=True)
     validated_at = models.DateTimeField(null=True, blank=True)
@@ -118,6 +156,7 @@ class AdapterVersion(models.Model):
         indexes = [
             models.Index(fields=["status", "validation_started_at"]),
             models.Index(fields=["adapter", "config_sha256", "weights_sha256"]),
+            models.Index(fields=["quality", "quality_revision"]),
         ]
 
     def __str__(self):
@@ -132,12 +171,26 @@ class AdapterVersion(models.Model):
         return f"{self.adapter.name}/v{self.number}"
 
     def servable_on(self, base_model: BaseModel) -> bool:
-        """Ready, and checked compatible with exactly the base model's current revision."""
+        """Ready, checked compatible with exactly the base model's current revision, and its
+        evaluation on that revision passed (or an operator overrode its verdict there)."""
         return (
             self.status == self.READY
             and self.compatible is True
             and self.checked_revision == base_model.revision
+            and self.quality in self.SERVABLE_QUALITY
+            and self.quality_revision == base_model.revision
         )
+
+    @property
+    def reference_perplexity(self) -> float | None:
+        """The adapter's perplexity at its first evaluation: what the gate compares with."""
+        reference = self.reference_evaluation
+        return None if reference is None else reference.adapter_perplexity
+
+    @property
+    def latest_evaluation(self) -> Evaluation | None:
+        """The newest evaluation (reads `evaluations` as prefetched, when it is)."""
+        return max(self.evaluations.all(), key=lambda e: e.pk, default=None)
 
 
 class Alias(models.Model):
@@ -164,3 +217,143 @@ class Alias(models.Model):
 
     def __str__(self):
         return f"{self.adapter}@{self.name} -> v{self.version.number}"
+
+
+class EvalSet(models.Model):
+    """JSONL rows an adapter's versions are measured on (registry/eval_sets.py says what a
+    valid one is). It belongs to an adapter (the tenant's own) or to a base model (the
+    operator's generic set, for adapters without their own).
+
+    Rows are immutable, like versions: replacing a set adds a row and marks it current, so
+    a figure computed on a set can point at exactly the bytes it used. Superseded rows that
+    nothing points at are deleted with their object (registry/services/eval_sets.py); the
+    tenant's audit trail keeps the history.
+    """
+
+    adapter = models.ForeignKey(
+        Adapter, on_delete=models.CASCADE, null=True, blank=True, related_name="eval_sets"
+    )
+    base_model = models.ForeignKey(
+        BaseModel, on_delete=models.CASCADE, null=True, blank=True, related_name="eval_sets"
+    )
+    is_current = models.BooleanField(default=True)
+    uid = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
+    key = models.CharField(max_length=500, help_text="object storage key of the JSONL bytes")
+    sha256 = models.CharField(max_length=64)
+    size = models.PositiveBigIntegerField(help_text="bytes")
+    rows = models.PositiveIntegerField()
+    created_by = models.CharField(max_length=100)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(adapter__isnull=False, base_model__isnull=True)
+                | Q(adapter__isnull=True, base_model__isnull=False),
+                name="eval_set_one_owner",
+            ),
+            models.UniqueConstraint(
+                fields=["adapter"], condition=Q(is_current=True), name="one_current_eval_set"
+            ),
+            models.UniqueConstraint(
+                fields=["base_model"],
+                condition=Q(is_current=True),
+                name="one_current_generic_eval_set",
+            ),
+        ]
+
+    def __str__(self):
+        owner = self.adapter if self.adapter_id is not None else self.base_model
+        return f"eval set of {owner} ({self.rows} rows, {self.sha256[:12]})"
+
+    @property
+    def is_generic(self) -> bool:
+        """The operator's set for a base model, not an adapter's own."""
+        return self.adapter_id is None
+
+
+class Evaluation(models.Model):
+    """One measurement of a version on an eval set, on one revision of its base model: the
+    completions' mean negative log-likelihood and perplexity under the adapter and under the
+    base model alone (from the engine, inference/scoring_api.py), and the gate's verdict.
+
+    Its eval set is kept while it exists (RESTRICT: a superseded set stays with its bytes,
+    and goes with its adapter), so later evaluations of the version re-measure exactly the
+    rows its reference figure came from.
+    """
+
+    class Status(models.TextChoices):
+        QUEUED = "queued", "queued"
+        RUNNING = "running", "running"
+        PASSED = "passed", "passed"
+        DEGRADED = "degraded", "degraded"
+        FAILED = "failed", "failed"
+
+    class Trigger(models.TextChoices):
+        UPLOAD = "upload", "upload"  # validation found the version ready
+        BASE_UPGRADE = "base_upgrade", "base upgrade"  # a new base revision, re-checked
+        EVAL_SET = "eval_set", "eval set attached"  # measuring a version accepted unmeasured
+        RERUN = "rerun", "re-run by an operator"
+
+    FINISHED = (Status.PASSED, Status.DEGRADED, Status.FAILED)
+
+    version = models.ForeignKey(
+        AdapterVersion, on_delete=models.CASCADE, related_name="evaluations"
+    )
+    eval_set = models.ForeignKey(
+        EvalSet,
+        on_delete=models.RESTRICT,
+        null=True,
+        blank=True,
+        related_name="evaluations",
+        help_text="none: there was no eval set to measure on",
+    )
+    eval_set_sha256 = models.CharField(max_length=64, blank=True)
+    base_revision = models.CharField(max_length=64)
+    trigger = models.CharField(max_length=16, choices=Trigger.choices)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
+
+    adapter_tokens = models.PositiveIntegerField(null=True, blank=True)
+    adapter_nll = models.FloatField(null=True, blank=True, help_text="mean per token")
+    adapter_perplexity = models.FloatField(null=True, blank=True)
+    base_tokens = models.PositiveIntegerField(null=True, blank=True)
+    base_nll = models.FloatField(null=True, blank=True, help_text="mean per token")
+    base_perplexity = models.FloatField(null=True, blank=True)
+    rows = models.JSONField(
+        default=list, blank=True, help_text="per row: {tokens, adapter_nll, base_nll} (sums)"
+    )
+    reference_perplexity = models.FloatField(
+        null=True, blank=True, help_text="the version's first figure, this one was held to"
+    )
+    reason = models.TextField(blank=True, help_text="the verdict: which figure, by how much")
+
+    attempts = models.PositiveIntegerField(default=0, help_text="runs started")
+    requested_by = models.CharField(max_length=100)
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    duration_seconds = models.FloatField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["status", "created_at"])]
+
+    def __str__(self):
+        return f"{self.version} on {self.base_revision[:12]}: {self.status}"
+
+    @property
+    def ratio(self) -> float | None:
+        """Adapter perplexity over the reference (its first evaluation's)."""
+        return _ratio(self.adapter_perplexity, self.reference_perplexity)
+
+    @property
+    def base_ratio(self) -> float | None:
+        """Adapter perplexity over the base model's alone, on the same rows."""
+        return _ratio(self.adapter_perplexity, self.base_perplexity)
+
+
+def _ratio(value: float | None, reference: float | None) -> float | None:
+    if value is None or not reference or not math.isfinite(value / reference):
+        return None
+    return value / reference

@@ -10,6 +10,8 @@ VALIDATE = "registry.validate_adapter_version"
 STAGE = "registry.stage_adapter_version"
 RECHECK = "registry.recheck_compatibility"
 SWEEP = "registry.sweep_stuck_validations"
+EVALUATE = "registry.evaluate_adapter_version"
+SWEEP_EVALUATIONS = "registry.sweep_stuck_evaluations"
 
 
 def send_on_commit(task_name: str, *args) -> None:

@@ -8,13 +8,15 @@ The serving layer calls `base_model_served`, `adapter_version_resolve` and
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 
-from django.db.models import QuerySet
+from django.db.models import Count, QuerySet
 from django.http import Http404
 
 from .errors import NotServable
 from .models import Adapter, AdapterVersion, Alias, BaseModel
 from .names import CANARY, LATEST, PRODUCTION, version_number_of_alias
+from .quality import why_not_passed
 
 # ---------------------------------------------------------------- base models (not tenant-owned)
 
@@ -33,6 +35,45 @@ def base_model_get(*, name: str) -> BaseModel:
 def base_model_served() -> BaseModel | None:
     """The base model this deployment keeps resident (local_path, fingerprint, revision)."""
     return BaseModel.objects.filter(is_served=True).first()
+
+
+@dataclass(frozen=True)
+class QualityProgress:
+    """A base model's adapter versions by quality on its current revision: how far the
+    re-evaluation after an upgrade has come, and which versions it found degraded."""
+
+    revision: str
+    counts: dict[str, int]  # every quality state, ready versions only
+    degraded: list[AdapterVersion]  # degraded or failed there, most recent verdict first
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    @property
+    def done(self) -> int:
+        """Versions with a verdict on the current revision."""
+        Quality = AdapterVersion.Quality
+        return self.total - self.counts[Quality.PENDING] - self.counts[Quality.UNEVALUATED]
+
+
+def quality_progress(*, base_model: BaseModel, limit: int = 200) -> QualityProgress:
+    """For operators (the admin): not tenant-scoped."""
+    ready = AdapterVersion.objects.filter(
+        adapter__base_model=base_model, status=AdapterVersion.READY
+    )
+    per_state = ready.order_by().values("quality").annotate(n=Count("pk"))
+    found = {row["quality"]: row["n"] for row in per_state}
+    counts = {state: found.get(state, 0) for state in AdapterVersion.Quality.values}
+    Quality = AdapterVersion.Quality
+    degraded = list(
+        ready.filter(
+            quality__in=[Quality.DEGRADED, Quality.FAILED], quality_revision=base_model.revision
+        )
+        .select_related("adapter__tenant")
+        .order_by("-pk")[:limit]
+    )
+    return QualityProgress(base_model.revision, counts, degraded)
 
 
 # ---------------------------------------------------------------- tenant-owned
@@ -87,11 +128,22 @@ def alias_get(*, tenant, adapter_name: str, name: str) -> Alias:
 
 
 def _latest_servable(adapter: Adapter, base: BaseModel) -> AdapterVersion:
-    for version in adapter_version_list(tenant=adapter.tenant, adapter_name=adapter.name).filter(
-        status=AdapterVersion.READY, compatible=True, checked_revision=base.revision
+    versions = adapter_version_list(tenant=adapter.tenant, adapter_name=adapter.name)
+    for version in versions.filter(
+        status=AdapterVersion.READY,
+        compatible=True,
+        checked_revision=base.revision,
+        quality__in=AdapterVersion.SERVABLE_QUALITY,
+        quality_revision=base.revision,
     )[:1]:
         return version
-    raise NotServable(f"adapter '{adapter.name}' has no ready version for {base.name} yet")
+    newest = versions.filter(status=AdapterVersion.READY).first()
+    if newest is None:
+        raise NotServable(f"adapter '{adapter.name}' has no ready version for {base.name} yet")
+    raise NotServable(
+        f"adapter '{adapter.name}' has no servable version for {base.name}; the newest ready "
+        f"one, {_why_not(newest, base)}"
+    )
 
 
 def _why_not(version: AdapterVersion, base: BaseModel) -> str:
@@ -99,7 +151,9 @@ def _why_not(version: AdapterVersion, base: BaseModel) -> str:
         return f"{version.label} is {version.status}"
     if version.checked_revision != base.revision:
         return f"{version.label} has not been checked against {base.name}'s current revision"
-    return f"{version.label} does not fit {base.name}: {version.compatibility_detail}"
+    if version.compatible is not True:
+        return f"{version.label} does not fit {base.name}: {version.compatibility_detail}"
+    return f"{version.label}: {why_not_passed(version, base.revision)}"
 
 
 def adapter_version_resolve(
@@ -115,8 +169,8 @@ def adapter_version_resolve(
     The bare name follows `production` (or, without one, the newest ready version), and a
     `canary` alias with weight w takes w% of those requests (`roll` in [0, 1) decides; random
     by default). Unknown or foreign names raise Http404; a version that exists but may not
-    be served (not ready, or not checked compatible with the served base revision) raises
-    NotServable saying why. Never returns a version the served base model cannot run.
+    be served (not ready, not checked compatible with the served base revision, or its
+    evaluation there pending, degraded or failed) raises NotServable saying why. Never returns a version the served base model cannot run.
     """
     adapter = adapter_get(tenant=tenant, name=adapter_name)
     base = adapter.base_model

@@ -1,4 +1,6 @@
 """How adapter files arrive: a multipart upload spilled to disk, or an import from an S3 prefix.
+Eval sets arrive the same way: the upload's optional `eval` part, or the eval-set endpoint's
+`file` (EvalSetUploadHandler).
 
 Either way the service receives two local files; neither path ever holds a file whole in
 memory, both stop reading the moment a size limit is passed (413), and a disk that fills
@@ -37,18 +39,28 @@ from .objectstore import CHUNK_BYTES, hash_stream
 log = logging.getLogger(__name__)
 
 CONFIG_FIELD, WEIGHTS_FIELD = "config", "weights"
+EVAL_FIELD = "eval"  # optional in a version upload: the adapter's eval set, attached with it
+EVAL_SET_FIELD = "file"  # the one part of PUT /adapters/{name}/eval-set/
 MAX_CONFIG_BYTES = 1024 * 1024  # an adapter_config.json is a few hundred bytes
-MULTIPART_OVERHEAD = 64 * 1024  # boundaries and part headers around the two files
+MULTIPART_OVERHEAD = 64 * 1024  # boundaries and part headers around the files
 
 
 def limits() -> dict[str, int]:
-    return {CONFIG_FIELD: MAX_CONFIG_BYTES, WEIGHTS_FIELD: settings.MAX_ADAPTER_BYTES}
+    """The version upload's file parts and their limits (config and weights; eval optional)."""
+    return {
+        CONFIG_FIELD: MAX_CONFIG_BYTES,
+        WEIGHTS_FIELD: settings.MAX_ADAPTER_BYTES,
+        EVAL_FIELD: settings.EVAL_MAX_BYTES,
+    }
 
 
 def too_large(field: str, limit: int) -> UploadTooLarge:
-    file = CONFIG_FILE if field == CONFIG_FIELD else WEIGHTS_FILE
+    if field in (EVAL_FIELD, EVAL_SET_FIELD):
+        what = "the eval set; LORAPLEX_EVAL_MAX_BYTES"
+    else:
+        what = CONFIG_FILE if field == CONFIG_FIELD else WEIGHTS_FILE
     return UploadTooLarge(
-        f"{field} ({file}) is larger than this deployment's limit of {limit} bytes",
+        f"{field} ({what}) is larger than this deployment's limit of {limit} bytes",
         param=field,
     )
 
@@ -81,27 +93,38 @@ class LimitedUploadHandler(TemporaryFileUploadHandler):
     closes (so deletes) the part being written; Django's parser closes the finished ones.
     """
 
+    def field_limits(self) -> dict[str, int]:
+        """The file parts this endpoint takes, and the bytes each may hold."""
+        return limits()
+
+    def request_too_large(self, content_length: int) -> UploadTooLarge:
+        return UploadTooLarge(
+            f"the request is {content_length} bytes; this deployment accepts adapters up "
+            f"to {settings.MAX_ADAPTER_BYTES} bytes of weights",
+        )
+
+    def unexpected_file(self, field_name: str) -> UnexpectedFile:
+        return UnexpectedFile(
+            f"unexpected file field {field_name!r}; send '{CONFIG_FIELD}' ({CONFIG_FILE}) and "
+            f"'{WEIGHTS_FIELD}' ({WEIGHTS_FILE}), and optionally '{EVAL_FIELD}' (an eval set, "
+            "JSONL)",
+            param=field_name,
+        )
+
     def handle_raw_input(self, input_data, META, content_length, boundary, encoding=None):
-        limit = sum(limits().values()) + MULTIPART_OVERHEAD
+        limit = sum(self.field_limits().values()) + MULTIPART_OVERHEAD
         if content_length and content_length > limit:
-            raise UploadTooLarge(
-                f"the request is {content_length} bytes; this deployment accepts adapters up "
-                f"to {settings.MAX_ADAPTER_BYTES} bytes of weights",
-            )
+            raise self.request_too_large(content_length)
         return None
 
     def new_file(self, field_name, *args, **kwargs):
-        if field_name not in limits():
-            raise UnexpectedFile(
-                f"unexpected file field {field_name!r}; send '{CONFIG_FIELD}' "
-                f"({CONFIG_FILE}) and '{WEIGHTS_FIELD}' ({WEIGHTS_FILE})",
-                param=field_name,
-            )
+        if field_name not in self.field_limits():
+            raise self.unexpected_file(field_name)
         with local_disk():
             super().new_file(field_name, *args, **kwargs)
 
     def receive_data_chunk(self, raw_data, start):
-        limit = limits()[self.field_name]
+        limit = self.field_limits()[self.field_name]
         if start + len(raw_data) > limit:
             self.file.close()  # a NamedTemporaryFile: closing deletes it
             raise too_large(self.field_name, limit)
@@ -115,6 +138,27 @@ class LimitedUploadHandler(TemporaryFileUploadHandler):
     def _discard(self):
         with suppress(OSError):  # flushing the buffer fails again; the file is unlinked anyway
             self.file.close()
+
+
+class EvalSetUploadHandler(LimitedUploadHandler):
+    """The same, for PUT /adapters/{name}/eval-set/: one part, `file`, the eval set."""
+
+    def field_limits(self) -> dict[str, int]:
+        return {EVAL_SET_FIELD: settings.EVAL_MAX_BYTES}
+
+    def request_too_large(self, content_length: int) -> UploadTooLarge:
+        return UploadTooLarge(
+            f"the request is {content_length} bytes; this deployment accepts eval sets up to "
+            f"{settings.EVAL_MAX_BYTES} bytes (LORAPLEX_EVAL_MAX_BYTES)",
+            param=EVAL_SET_FIELD,
+        )
+
+    def unexpected_file(self, field_name: str) -> UnexpectedFile:
+        return UnexpectedFile(
+            f"unexpected file field {field_name!r}; send the eval set (JSONL) as "
+            f"'{EVAL_SET_FIELD}'",
+            param=field_name,
+        )
 
 
 # ---------------------------------------------------------------- S3 import

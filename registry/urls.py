@@ -16,6 +16,7 @@ urlpatterns = [
         apis.VersionDetailApi.as_view(),
         name="registry-version-detail",
     ),
+    path("adapters/<str:name>/eval-set/", apis.EvalSetApi.as_view(), name="registry-eval-set"),
     path("adapters/<str:name>/aliases/", apis.AliasListApi.as_view(), name="registry-aliases"),
     path(
         "adapters/<str:name>/aliases/<str:alias>/",

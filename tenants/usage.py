@@ -45,3 +45,17 @@ def usage_totals(
         .order_by(*(F(key).asc(nulls_first=True) for key in by))
     )
     return [row | {"total_tokens": row["prompt_tokens"] + row["completion_tokens"]} for row in rows]
+
+
+def usage_by_version(*, version_ids, since: datetime) -> dict[int, int]:
+    """Requests per adapter version since `since`, for the versions given (absent: none).
+
+    Across tenants: the registry orders its background work by it (re-evaluations after a
+    base model upgrade, most-used versions first); nothing here is shown to a tenant.
+    """
+    rows = (
+        UsageRecord.objects.filter(adapter_version_id__in=list(version_ids), created_at__gte=since)
+        .values("adapter_version_id")
+        .annotate(requests=Count("id"))
+    )
+    return {row["adapter_version_id"]: row["requests"] for row in rows}

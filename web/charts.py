@@ -112,3 +112,74 @@ def stacked_bars(
     ]
     legend = [(colors[name], name) for name in series]
     return Chart(width, height, left, top, bottom, right, bars, x_ticks, y_ticks, legend)
+
+
+@dataclass(frozen=True)
+class LabelledBar:
+    label: str  # left of the bar
+    value: str  # right of it
+    bar: Bar
+    text_y: float
+    value_x: float
+
+
+@dataclass(frozen=True)
+class PerplexityChart:
+    """Two horizontal bars (the adapter's perplexity and the base model's alone on the same
+    eval set) and, once there is one, a mark at the reference and one at the gate's limit."""
+
+    width: int
+    height: int
+    label_x: int
+    bars: list[LabelledBar]
+    reference_x: float | None
+    limit_x: float | None
+    axis_max: str
+    reference_title: str
+    limit_title: str
+
+
+def perplexity_bars(
+    adapter: float,
+    base: float,
+    *,
+    reference: float | None = None,
+    max_ratio: float | None = None,
+    width: int = 420,
+) -> PerplexityChart:
+    """Bars scaled to a nice maximum over everything drawn; lower is better."""
+    label_width, bar_h, gap, top = 70, 18, 8, 6
+    limit = reference * max_ratio if reference is not None and max_ratio is not None else None
+    drawn = [v for v in (adapter, base, reference, limit) if v is not None and math.isfinite(v)]
+    axis = nice_ceiling(max(drawn, default=1))
+    plot_w = width - label_width - 40
+
+    def x_of(value: float) -> float:
+        return round(label_width + min(value, axis) / axis * plot_w, 2)
+
+    bars = []
+    for i, (label, value, color) in enumerate(
+        (("adapter", adapter, PALETTE[0]), ("base", base, PALETTE[1]))
+    ):
+        y = top + i * (bar_h + gap)
+        end = x_of(value)
+        bar = Bar(
+            x=label_width,
+            y=y,
+            width=round(end - label_width, 2),
+            height=bar_h,
+            color=color,
+            title=f"{label}: perplexity {value:.4g}",
+        )
+        bars.append(LabelledBar(label, f"{value:.4g}", bar, text_y=y + 13, value_x=end + 4))
+    return PerplexityChart(
+        width=width,
+        height=top * 2 + 2 * bar_h + gap,
+        label_x=label_width - 6,
+        bars=bars,
+        reference_x=None if reference is None else x_of(reference),
+        limit_x=None if limit is None else x_of(limit),
+        axis_max=short_number(axis),
+        reference_title="" if reference is None else f"first evaluation: {reference:.4g}",
+        limit_title="" if limit is None else f"gate limit: {limit:.4g} (x{max_ratio:g})",
+    )

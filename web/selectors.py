@@ -16,8 +16,11 @@ from django.utils import timezone
 from audit.models import AuditEvent
 from audit.selectors import audit_event_list
 from registry.models import Adapter, AdapterVersion, Alias
+from registry.quality import factors
 from registry.selectors import adapter_list, adapter_version_list, alias_list, base_model_served
 from tenants.usage import usage_totals
+
+from .charts import perplexity_bars
 
 TERMINAL = (AdapterVersion.READY, AdapterVersion.REJECTED)
 
@@ -125,3 +128,19 @@ def playground_models(*, tenant) -> PlaygroundModels:
                     )
                 )
     return PlaygroundModels(base=base.name, adapters=choices)
+
+
+def evaluation_chart(version: AdapterVersion):
+    """(its newest evaluation or None, a chart of adapter vs base perplexity or None)."""
+    evaluation = version.latest_evaluation
+    if evaluation is None or evaluation.adapter_perplexity is None:
+        return evaluation, None
+    assert evaluation.base_perplexity is not None  # measured together
+    max_ratio, _ = factors()
+    chart = perplexity_bars(
+        evaluation.adapter_perplexity,
+        evaluation.base_perplexity,
+        reference=evaluation.reference_perplexity,
+        max_ratio=max_ratio,
+    )
+    return evaluation, chart

@@ -31,8 +31,9 @@ if TYPE_CHECKING:
     )
     from .llm_engine import LLMEngine
     from .outputs import CompletionOutput, RequestOutput, TokenLogprob
-    from .request import EngineRequest, LoRARequest
+    from .request import EngineRequest, LoRARequest, Priority
     from .sampling_params import SamplingParams
+    from .scoring import ScoreResult
     from .tokenizer import TokenizerError
 
 __all__ = [
@@ -50,11 +51,13 @@ __all__ = [
     "LLMEngine",
     "LoRARequest",
     "ModelLoadError",
+    "Priority",
     "PromptTooLongError",
     "RequestOutput",
     "RequestStream",
     "SamplingParams",
     "SamplingParamsError",
+    "ScoreResult",
     "TokenLogprob",
     "TokenizerError",
 ]
@@ -77,8 +80,9 @@ _HOMES = {
     ),
     "llm_engine": ("LLMEngine",),
     "outputs": ("CompletionOutput", "RequestOutput", "TokenLogprob"),
-    "request": ("EngineRequest", "LoRARequest"),
+    "request": ("EngineRequest", "LoRARequest", "Priority"),
     "sampling_params": ("SamplingParams",),
+    "scoring": ("ScoreResult",),
     "tokenizer": ("TokenizerError",),
 }
 _HOME = {name: module for module, names in _HOMES.items() for name in names}

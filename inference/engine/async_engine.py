@@ -14,9 +14,11 @@ longer be trusted. Every request it holds fails with EngineDeadError, new ones a
 """
 
 import asyncio
+import contextlib
 import logging
 import queue
 import threading
+import uuid
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 from contextlib import suppress
@@ -26,7 +28,8 @@ from .config import EngineConfig
 from .errors import DuplicateRequestError, EngineDeadError, EngineError, EngineStoppedError
 from .llm_engine import LLMEngine
 from .outputs import RequestOutput
-from .request import EngineRequest, LoRARequest
+from .request import EngineRequest, LoRARequest, Priority
+from .scoring import ScoreResult, score_request, score_result
 from .sequence import Sequence
 from .utils import drain
 
@@ -134,6 +137,29 @@ class AsyncLLMEngine:
             self._send(("add", seq))  # under the lock, so shutdown cannot miss it
         return stream
 
+    async def score(
+        self,
+        prompt_token_ids: list[int],
+        completion_token_ids: list[int],
+        lora_request: LoRARequest | None = None,
+        *,
+        priority: int = Priority.BACKGROUND,
+    ) -> ScoreResult:
+        """log P(completion | prompt) under the adapter (or the base model), computed without
+        generating, behind tenants' traffic unless `priority` says otherwise."""
+        request = score_request(
+            f"score-{uuid.uuid4().hex}",
+            prompt_token_ids,
+            completion_token_ids,
+            lora_request,
+            priority,
+        )
+        prompt_logprobs = None
+        async with contextlib.aclosing(self.generate(request)) as outputs:
+            async for out in outputs:
+                prompt_logprobs = out.prompt_logprobs or prompt_logprobs
+        return score_result(prompt_logprobs, len(prompt_token_ids))
+
     def abort(self, request_id: str) -> None:
         """Stop a request; its stream, if still read, ends with finish_reason "abort"."""
         self._send(("abort", request_id))
@@ -229,9 +255,10 @@ class AsyncLLMEngine:
             idle = None
             if not self.engine.has_unfinished():
                 continue
+            steps = self.engine.num_steps
             outputs = self.engine.step()
             self._deliver_all(outputs)
-            if not outputs:
+            if not outputs and self.engine.num_steps == steps:
                 # Nothing could run: requests wait for adapter loads, whose end (or a new
                 # command) sets the wakeup. The timeout only guards against a missed one.
                 idle = 0.1

@@ -1,50 +1,209 @@
-"""Paged KV cache bookkeeping: which fixed-size block of the cache holds which tokens.
+"""Paged KV cache bookkeeping: which fixed-size block of the cache holds which tokens, and
+which blocks can be shared between requests (automatic prefix caching).
 
 The cache itself is a pair of tensors per layer (see kv_cache.py); this class only hands
 out block numbers. A sequence of n tokens holds ceil(n / block_size) blocks, listed in its
 block table; token i lives in slot `block_table[i // block_size] * block_size + i % block_size`.
+
+Prefix caching: a full block is named by a hash chain over the adapter the keys and values
+were computed with (see `chain_root`), the previous block's hash and the block's own token
+ids, so a name covers the whole prefix up to the block's end. A block gets its name when
+a step is scheduled to fill it (`commit`), so a request admitted in the same step can
+already read it: every layer stores the step's keys and values before any token attends.
+Blocks are reference-counted; one nobody holds keeps its name and contents in an LRU pool
+and is reused for a new request with the same prefix, or taken for other tokens, least
+recently used first, when no plain free block is left.
 """
 
-from collections import deque
+import hashlib
+from array import array
+from collections import OrderedDict, deque
+from dataclasses import dataclass
 
 from .sequence import Sequence
 
 
+@dataclass
+class BlockManagerStats:
+    """Cumulative prefix-cache counts, in prompt tokens, as vLLM counts them."""
+
+    queries: int = 0  # tokens of admitted prompts looked up
+    hits: int = 0  # of those, tokens whose keys and values were found in the cache
+
+
+class Block:
+    __slots__ = ("adapter_id", "hash", "ref_count")
+
+    def __init__(self) -> None:
+        self.ref_count = 0
+        self.hash: bytes | None = None  # its name while its contents can be shared
+        self.adapter_id: str | None = None  # the adapter its keys and values belong to
+
+
+def chain_root(adapter_id: str | None) -> bytes:
+    """Where a sequence's hash chain starts: keys and values depend on the adapter's
+    weights, so blocks computed under one adapter (or the base model) never match another's."""
+    tag = b"base" if adapter_id is None else b"adapter:" + adapter_id.encode()
+    return hashlib.blake2b(tag, digest_size=16).digest()
+
+
+def block_hash(parent: bytes, token_ids: list[int]) -> bytes:
+    """The name of a full block: 128 bits of BLAKE2 over its parent's name and its tokens,
+    so equal names mean equal prefixes (a collision is as likely as guessing a 128-bit key)."""
+    digest = hashlib.blake2b(parent, digest_size=16)
+    digest.update(array("q", token_ids).tobytes())
+    return digest.digest()
+
+
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int):
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.free_blocks: deque[int] = deque(range(num_blocks))
+        self.enable_prefix_caching = enable_prefix_caching
+        self.blocks = [Block() for _ in range(num_blocks)]
+        self.free_blocks: deque[int] = deque(range(num_blocks))  # hold nothing worth keeping
+        self.cached_free: OrderedDict[int, None] = OrderedDict()  # named, unheld; LRU first
+        self.by_hash: dict[bytes, int] = {}
+        self.stats = BlockManagerStats()
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self.free_blocks)
+        return len(self.free_blocks) + len(self.cached_free)
 
     @property
     def num_used_blocks(self) -> int:
-        return self.num_blocks - len(self.free_blocks)
+        return self.num_blocks - self.num_free_blocks
+
+    @property
+    def num_cached_blocks(self) -> int:
+        """Blocks that hold a named prefix, held by a request or not."""
+        return len(self.by_hash)
 
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
-    def can_allocate(self, seq: Sequence) -> bool:
-        return self.blocks_needed(len(seq)) <= len(self.free_blocks)
+    # -- admission ------------------------------------------------------------------------
 
-    def allocate(self, seq: Sequence) -> None:
-        """Give a waiting sequence blocks for every token it has (it is about to be prefilled)."""
+    def cached_prefix(self, seq: Sequence) -> list[int]:
+        """The blocks holding the longest cached prefix of the sequence. Never its last
+        token: that one is always computed, for the logits of the next."""
+        if not self.enable_prefix_caching or seq.params.prompt_logprobs is not None:
+            return []  # prompt logprobs need the logits of every prompt token
+        hits: list[int] = []
+        for h in self.hashes(seq)[: (len(seq) - 1) // self.block_size]:
+            block_id = self.by_hash.get(h)
+            if block_id is None:
+                break
+            hits.append(block_id)
+        return hits
+
+    def can_allocate(self, seq: Sequence, cached: list[int]) -> bool:
+        """Whether the sequence can have blocks for all its tokens, reusing `cached`."""
+        need = self.blocks_needed(len(seq)) - len(cached)
+        unheld_hits = sum(1 for b in cached if self.blocks[b].ref_count == 0)
+        return need + unheld_hits <= self.num_free_blocks
+
+    def allocate(self, seq: Sequence, cached: list[int]) -> None:
+        """Give a waiting sequence blocks for every token it has: the cached prefix's blocks
+        shared, fresh ones for the rest. Its computed tokens start after the prefix."""
         assert not seq.block_table, f"{seq} already holds blocks"
-        need = self.blocks_needed(len(seq))
-        assert need <= len(self.free_blocks), "allocate() without can_allocate()"
-        seq.block_table = [self.free_blocks.popleft() for _ in range(need)]
+        assert self.can_allocate(seq, cached), "allocate() without can_allocate()"
+        for block_id in cached:
+            self._hold(block_id)
+        fresh = [self._take() for _ in range(self.blocks_needed(len(seq)) - len(cached))]
+        seq.block_table = cached + fresh
+        seq.num_computed_tokens = seq.num_cached_tokens = len(cached) * self.block_size
+        self.stats.queries += len(seq)
+        self.stats.hits += seq.num_cached_tokens
+
+    # -- running --------------------------------------------------------------------------
 
     def can_append(self, seq: Sequence) -> bool:
         """Whether the sequence's newest token (fed in the next decode step) has a slot."""
-        return self.blocks_needed(len(seq)) <= len(seq.block_table) or bool(self.free_blocks)
+        return self.blocks_needed(len(seq)) <= len(seq.block_table) or self.num_free_blocks > 0
 
     def append_slot(self, seq: Sequence) -> None:
         if self.blocks_needed(len(seq)) > len(seq.block_table):
-            seq.block_table.append(self.free_blocks.popleft())
+            seq.block_table.append(self._take())
+
+    def commit(self, seq: Sequence, num_tokens: int) -> None:
+        """Name the blocks the first `num_tokens` tokens fill, once a step is scheduled to
+        compute them. A block whose prefix another block already holds stays unnamed."""
+        if not self.enable_prefix_caching:
+            return
+        hashes = self.hashes(seq)
+        full = min(num_tokens // self.block_size, len(seq.block_table))
+        adapter_id = _adapter_id(seq)
+        for i in range(seq.num_committed_blocks, full):
+            block = self.blocks[seq.block_table[i]]
+            if block.hash is None and hashes[i] not in self.by_hash:
+                block.hash, block.adapter_id = hashes[i], adapter_id
+                self.by_hash[hashes[i]] = seq.block_table[i]
+        seq.num_committed_blocks = max(seq.num_committed_blocks, full)
 
     def free(self, seq: Sequence) -> None:
-        self.free_blocks.extend(seq.block_table)
+        """Let go of a sequence's blocks. Named ones stay cached; the tail goes first into
+        the LRU pool's old end, so a prefix outlives what followed it."""
+        for block_id in reversed(seq.block_table):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                if block.hash is None:
+                    self.free_blocks.append(block_id)
+                else:
+                    self.cached_free[block_id] = None
         seq.block_table = []
+        seq.num_computed_tokens = seq.num_committed_blocks = 0
+
+    def drop_adapter(self, adapter_id: str) -> int:
+        """Forget every cached block computed under an adapter (it is being unloaded);
+        the number of blocks dropped."""
+        dropped = [b for b in self.by_hash.values() if self.blocks[b].adapter_id == adapter_id]
+        for block_id in dropped:
+            self._unname(block_id)
+            if block_id in self.cached_free:
+                del self.cached_free[block_id]
+                self.free_blocks.append(block_id)
+        return len(dropped)
+
+    def hashes(self, seq: Sequence) -> list[bytes]:
+        """The names of the sequence's full blocks, extended as its tokens grow (its tokens
+        only ever grow, so the names computed once stay right)."""
+        hashes = seq.block_hashes
+        full = len(seq) // self.block_size
+        if len(hashes) < full:
+            parent = hashes[-1] if hashes else chain_root(_adapter_id(seq))
+            for i in range(len(hashes), full):
+                parent = block_hash(
+                    parent, seq.token_ids[i * self.block_size : (i + 1) * self.block_size]
+                )
+                hashes.append(parent)
+        return hashes
+
+    # -- blocks ---------------------------------------------------------------------------
+
+    def _hold(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        if block.ref_count == 0:
+            del self.cached_free[block_id]
+        block.ref_count += 1
+
+    def _take(self) -> int:
+        """A block for new tokens: a plain free one, else the least recently used cached one."""
+        if self.free_blocks:
+            block_id = self.free_blocks.popleft()
+        else:
+            block_id, _ = self.cached_free.popitem(last=False)
+            self._unname(block_id)
+        self.blocks[block_id].ref_count = 1
+        return block_id
+
+    def _unname(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        if block.hash is not None and self.by_hash.get(block.hash) == block_id:
+            del self.by_hash[block.hash]
+        block.hash = block.adapter_id = None
+
+
+def _adapter_id(seq: Sequence) -> str | None:
+    return seq.lora_request.adapter_id if seq.lora_request is not None else None

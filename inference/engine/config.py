@@ -138,8 +138,14 @@ class EngineConfig:
     dtype: str = "auto"  # "auto": float32 on cpu, bfloat16 (or float16) on cuda
     max_model_len: int | None = None  # prompt + completion tokens; default: the model's
     max_num_seqs: int = 128
-    max_num_batched_tokens: int | None = None  # tokens per step; default: max(max_model_len, 2048)
+    # tokens per step, decodes and prefill chunks together. Default: with chunked prefill
+    # 512 on cpu (a step stays short) and 8192 on cuda; without, max(max_model_len, 2048)
+    max_num_batched_tokens: int | None = None
     block_size: int = 16
+    # reuse the KV blocks of prompt prefixes already computed (per adapter)
+    enable_prefix_caching: bool = True
+    # prefill a long prompt over several steps, alongside the running decodes
+    enable_chunked_prefill: bool = True
     # KV cache + LoRA slots. Unset: on cpu the slots plus 512 MiB of cache (at least one
     # max_model_len sequence), on cuda a share of device memory (kv_cache.py)
     kv_cache_bytes: int | None = None
@@ -185,13 +191,7 @@ class EngineConfig:
             raise ConfigError(
                 f"max_model_len {self.max_model_len} must be in 2..{limit} for this model"
             )
-        if self.max_num_batched_tokens is None:
-            self.max_num_batched_tokens = max(self.max_model_len, 2048)
-        if self.max_num_batched_tokens < self.max_model_len:
-            raise ConfigError(
-                f"max_num_batched_tokens {self.max_num_batched_tokens} must be at least "
-                f"max_model_len {self.max_model_len}, or a long prompt could never be scheduled"
-            )
+        self._check_batch_budget(device)
         if self.max_num_seqs < 1 or self.block_size < 1:
             raise ConfigError("max_num_seqs and block_size must be positive")
         if self.kv_cache_bytes is not None and self.kv_cache_bytes < self.kv_block_bytes:
@@ -202,6 +202,29 @@ class EngineConfig:
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ConfigError("gpu_memory_utilization must be in (0, 1]")
         self._check_lora()
+
+    def _check_batch_budget(self, device: torch.device) -> None:
+        assert self.max_model_len is not None
+        if self.max_num_batched_tokens is None:
+            if not self.enable_chunked_prefill:
+                self.max_num_batched_tokens = max(self.max_model_len, 2048)
+            else:
+                self.max_num_batched_tokens = 8192 if device.type == "cuda" else 512
+                self.max_num_batched_tokens = max(self.max_num_batched_tokens, self.max_num_seqs)
+        budget = self.max_num_batched_tokens
+        if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+            raise ConfigError(f"max_num_batched_tokens must be a positive integer, got {budget!r}")
+        if not self.enable_chunked_prefill and budget < self.max_model_len:
+            raise ConfigError(
+                f"max_num_batched_tokens {budget} must be at least max_model_len "
+                f"{self.max_model_len} without chunked prefill, or a long prompt could never "
+                f"be scheduled; raise it or enable chunked prefill"
+            )
+        if self.enable_chunked_prefill and budget < self.max_num_seqs:
+            raise ConfigError(
+                f"max_num_batched_tokens {budget} must be at least max_num_seqs "
+                f"{self.max_num_seqs}, so every running sequence can decode in each step"
+            )
 
     def _check_lora(self) -> None:
         if self.max_cpu_loras is None:

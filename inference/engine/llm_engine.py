@@ -32,7 +32,8 @@ from .model_runner import ModelRunner
 from .outputs import CompletionOutput, RequestOutput, abort_output, append_token
 from .request import EngineRequest, LoRARequest
 from .sampling_params import SamplingParams
-from .scheduler import Scheduler
+from .scheduler import ScheduledBatch, Scheduler
+from .scoring import ScoreResult, score_request, score_result
 from .sequence import Sequence, SequenceStatus
 from .tokenizer import Tokenizer
 
@@ -60,7 +61,11 @@ class LLMEngine:
                 f"{self.config.model_config.vocab_size}; tokenizer.json belongs to another model"
             )
         self.model_runner = ModelRunner(self.config)
-        self.block_manager = BlockManager(self.model_runner.num_blocks, self.config.block_size)
+        self.block_manager = BlockManager(
+            self.model_runner.num_blocks,
+            self.config.block_size,
+            enable_prefix_caching=self.config.enable_prefix_caching,
+        )
         self.metrics = EngineMetrics()
         self.lora_manager: LoRAManager | None = None
         if self.model_runner.lora_slots is not None:
@@ -81,6 +86,7 @@ class LLMEngine:
             self.max_model_len, self.block_manager.num_blocks * self.config.block_size
         )
         self.requests: dict[str, Sequence] = {}
+        self.num_steps = 0  # forward passes run; a step may run one and yet emit nothing
         self._aborted: list[RequestOutput] = []
         self._seeds = random.Random(self.config.seed)
 
@@ -104,6 +110,8 @@ class LLMEngine:
             raise InvalidRequestError(
                 f"fairness_key must be a string or None, got {type(fairness_key).__name__}"
             )
+        if isinstance(request.priority, bool) or not isinstance(request.priority, int):
+            raise InvalidRequestError(f"priority must be an integer, got {request.priority!r}")
         params = request.sampling_params
         if params is None:
             params = SamplingParams()
@@ -123,6 +131,7 @@ class LLMEngine:
             lora_request=request.lora_request,
             fairness_key=fairness_key,
             arrival_time=request.arrival_time,
+            priority=request.priority,
         )
 
     def check_lora_request(self, lora_request: object) -> None:
@@ -212,16 +221,23 @@ class LLMEngine:
             for adapter_id, error in self.lora_manager.poll():
                 self._fail_adapter(adapter_id, error)
         outputs, self._aborted = self._aborted, []
-        seqs, is_prefill = self.scheduler.schedule()
-        if not seqs:
+        return outputs + self.run_batch(self.scheduler.schedule())
+
+    def run_batch(self, batch: ScheduledBatch) -> list[RequestOutput]:
+        """Run one scheduled batch and turn its sampled tokens into outputs."""
+        outputs: list[RequestOutput] = []
+        if not batch:
             return outputs
         start = time.monotonic()
-        for seq in seqs:
+        for seq in batch.seqs:
             if seq.first_scheduled_time is None:
                 seq.first_scheduled_time = start
                 self.metrics.queue_time.observe(start - seq.arrival_time)
                 self.metrics.prompt_tokens += seq.num_prompt_tokens
-        sampled = self.model_runner.run(seqs, is_prefill)
+        seqs, sampled = self.model_runner.run(batch)
+        self.num_steps += 1
+        for seq, n in batch.entries():
+            seq.num_computed_tokens += n
         now = time.monotonic()
         for seq, token_id, logprob in zip(seqs, sampled.token_ids, sampled.logprobs, strict=True):
             out = append_token(
@@ -265,6 +281,9 @@ class LLMEngine:
             "requests_waiting": len(self.scheduler.waiting),
             "kv_blocks_used": self.block_manager.num_used_blocks,
             "kv_blocks_total": self.block_manager.num_blocks,
+            "prefix_cache_queries": self.block_manager.stats.queries,
+            "prefix_cache_hits": self.block_manager.stats.hits,
+            "prefix_cache_blocks": self.block_manager.num_cached_blocks,
             **self.metrics.snapshot(),
         }
         if self.lora_manager is not None:
@@ -284,8 +303,10 @@ class LLMEngine:
 
     def unload_lora(self, adapter_id: str) -> bool:
         """Drop an adapter from its slot and host memory; False if the engine does not know
-        it. Refused (InvalidRequestError) while requests use it."""
-        return self._lora().unload(adapter_id)
+        it. Refused (InvalidRequestError) while requests use it. Its cached KV blocks go too."""
+        unloaded = self._lora().unload(adapter_id)
+        self.block_manager.drop_adapter(adapter_id)
+        return unloaded
 
     def pin_lora(self, adapter_id: str, pinned: bool = True) -> None:
         """Keep a known adapter resident in a device slot (never evicted) until unpinned."""
@@ -318,6 +339,25 @@ class LLMEngine:
         return self.lora_manager
 
     # -- blocking convenience ---------------------------------------------------------------
+
+    def score(
+        self,
+        prompt_token_ids: list[int],
+        completion_token_ids: list[int],
+        lora_request: LoRARequest | None = None,
+    ) -> ScoreResult:
+        """log P(completion | prompt) under the adapter (or the base model), on an otherwise
+        idle engine; see AsyncLLMEngine.score for a serving engine."""
+        request = score_request(
+            f"score-{id(prompt_token_ids)}", prompt_token_ids, completion_token_ids, lora_request
+        )
+        assert request.prompt_token_ids is not None
+        [out] = self.generate(
+            [request.prompt_token_ids], request.sampling_params, request.lora_request
+        )
+        if out.error is not None:
+            raise out.error
+        return score_result(out.prompt_logprobs, len(prompt_token_ids))
 
     def generate(
         self,
@@ -361,8 +401,9 @@ class LLMEngine:
         for seq in seqs:
             self.add_sequence(seq)
         while any(r.finish_reason is None for r in results.values()):
+            steps = self.num_steps
             outputs = self.step()
-            if not outputs:  # only adapter loads are in progress
+            if not outputs and self.num_steps == steps:  # only adapter loads are in progress
                 self.wait_for_load(0.05)
             for out in outputs:
                 result = results.get(out.request_id)
@@ -371,6 +412,8 @@ class LLMEngine:
                 result.token_ids += out.new_token_ids
                 result.text += out.new_text
                 result.logprobs += out.new_logprobs
+                if out.prompt_logprobs is not None:
+                    result.prompt_logprobs = out.prompt_logprobs
                 result.finish_reason = out.finish_reason
                 result.error = out.error
         return list(results.values())

@@ -1,8 +1,10 @@
-"""Turns a scheduled batch into tensors, runs the model, and samples one token per sequence."""
+"""Turns a scheduled batch into tensors, runs the model, and samples the next token of each
+sequence that fed its last uncomputed token (a prefill chunk short of that samples nothing)."""
 
 from collections.abc import Iterator
 from collections.abc import Sequence as SequenceOf
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 
@@ -12,11 +14,20 @@ from .lora.slots import LoRASlots, LoRAStep
 from .model.context import ForwardContext, forward_context
 from .model.llama import LlamaForCausalLM
 from .model.loader import load_weights
-from .sampler import Sampler, SamplerOutput
+from .sampler import Sampler, SamplerOutput, prompt_logprobs
+from .scheduler import ScheduledBatch
 from .sequence import Sequence
 
-# (token ids, positions, context, rows of the tokens to sample or None for all) of a batch
-Prepared = tuple[torch.Tensor, torch.Tensor, ForwardContext, torch.Tensor | None]
+
+@dataclass
+class StepLogits:
+    """A step's logits (float32): one row per sequence that samples its next token (it fed
+    its last uncomputed token), and, for sequences that asked for prompt logprobs, the rows
+    of every prompt token they fed."""
+
+    samplers: list[Sequence]
+    logits: torch.Tensor  # [len(samplers), vocab]
+    prompt: list[tuple[Sequence, int, torch.Tensor]]  # (seq, position of the first row, rows)
 
 
 class ModelRunner:
@@ -59,70 +70,85 @@ class ModelRunner:
         self._buffer_len = 0
 
     @torch.inference_mode()
-    def run(self, seqs: list[Sequence], is_prefill: bool) -> SamplerOutput:
-        return self.sampler(self.compute_logits(seqs, is_prefill), seqs)
+    def run(self, batch: ScheduledBatch) -> tuple[list[Sequence], SamplerOutput]:
+        """Run one step: the sequences that sampled a token, and their tokens. Prompt
+        logprobs are appended to their sequences on the way."""
+        step = self.compute_logits(batch)
+        for seq, first_position, rows in step.prompt:
+            prompt_logprobs(seq, first_position, rows)
+        return step.samplers, self.sampler(step.logits, step.samplers)
 
     @torch.inference_mode()
-    def compute_logits(self, seqs: list[Sequence], is_prefill: bool) -> torch.Tensor:
-        """Logits [num_seqs, vocab] for each sequence's next token (float32)."""
-        prepare = self._prepare_prefill if is_prefill else self._prepare_decode
-        input_ids, positions, ctx, last = prepare(seqs)
-        with forward_context(ctx):
-            hidden: torch.Tensor = self.model(input_ids, positions)
-        if last is not None:
-            hidden = hidden[last]
-        return self.model.compute_logits(hidden).float()
-
-    def _prepare_prefill(self, seqs: list[Sequence]) -> Prepared:
-        """Every token of each sequence (a preempted one is recomputed from its start)."""
-        self._last_decode = []  # the next decode batch is new
+    def compute_logits(self, batch: ScheduledBatch) -> StepLogits:
         input_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
-        cu_seqlens = [0]
         lora_slots: list[int] = []
-        for seq in seqs:
-            n = len(seq)
-            input_ids.extend(seq.token_ids)
-            positions.extend(range(n))
-            slots.extend(self._slot(seq, i) for i in range(n))
-            cu_seqlens.append(cu_seqlens[-1] + n)
+        ctx = ForwardContext(slot_mapping=self._tensor([]))
+        rows: list[int] = []  # hidden rows to turn into logits
+        sample_at: list[int] = []  # where in `rows` each sampler's row is
+        samplers: list[Sequence] = []
+        prompt_spans: list[tuple[Sequence, int, int, int]] = []  # seq, position, first row, rows
+        for seq, n in batch.prefills:
+            start, row = seq.num_computed_tokens, len(input_ids)
+            input_ids.extend(seq.token_ids[start : start + n])
+            positions.extend(range(start, start + n))
+            slots.extend(self._slot(seq, i) for i in range(start, start + n))
             lora_slots.extend([seq.lora_slot] * n)
-        ctx = ForwardContext(
-            is_prefill=True,
-            slot_mapping=self._tensor(slots),
-            cu_seqlens=cu_seqlens,
-            lora=self._lora_step(lora_slots),
-        )
-        last = self._tensor([end - 1 for end in cu_seqlens[1:]])
-        return self._tensor(input_ids), self._tensor(positions), ctx, last
+            ctx.cu_seqlens.append(ctx.cu_seqlens[-1] + n)
+            ctx.context_starts.append(start)
+            ctx.prefill_block_tables.append(
+                self._tensor(seq.block_table[: -(-(start + n) // self.block_size)])
+                if start
+                else None
+            )
+            first, wanted = _prompt_positions(seq, start, n)
+            if wanted:
+                prompt_spans.append((seq, first, len(rows), wanted))
+                rows.extend(range(row + first - start, row + first - start + wanted))
+            if start + n == len(seq):
+                samplers.append(seq)
+                sample_at.append(len(rows))
+                rows.append(row + n - 1)
+        if batch.decodes:
+            decode_rows = self._prepare_decode(batch.decodes, ctx, len(input_ids))
+            order = sorted(range(len(batch.decodes)), key=lambda i: decode_rows[i])
+            decodes = [batch.decodes[i] for i in order]
+            input_ids.extend(seq.last_token_id for seq in decodes)
+            positions.extend(len(seq) - 1 for seq in decodes)
+            slots.extend(self._slot(seq, len(seq) - 1) for seq in decodes)
+            lora_slots.extend(seq.lora_slot for seq in decodes)
+            samplers.extend(batch.decodes)
+            sample_at.extend(range(len(rows), len(rows) + len(decode_rows)))
+            rows.extend(decode_rows)
+        else:
+            self._last_decode = []  # the next decode batch is new
+        ctx.slot_mapping = self._tensor(slots)
+        ctx.lora = self._lora_step(lora_slots)
+        with forward_context(ctx):
+            hidden: torch.Tensor = self.model(self._tensor(input_ids), self._tensor(positions))
+        logits = self.model.compute_logits(hidden[self._tensor(rows)]).float()
+        prompt = [(seq, first, logits[at : at + k]) for seq, first, at, k in prompt_spans]
+        return StepLogits(samplers, logits[sample_at], prompt)
 
-    def _prepare_decode(self, seqs: list[Sequence]) -> Prepared:
-        """The newest token of each sequence, attending over all the sequence's blocks. The
-        batch runs longest first, so sequences of similar length can attend as one group
-        without reading the padding of much longer ones; `last` restores the caller's order."""
+    def _prepare_decode(self, seqs: list[Sequence], ctx: ForwardContext, offset: int) -> list[int]:
+        """Set up the decode part of a step: the newest token of each sequence, attending over
+        all the sequence's blocks. The part runs longest first, so sequences of similar length
+        can attend as one group without reading the padding of much longer ones. Returns each
+        sequence's row in the step (`offset` is where the part starts)."""
         order = sorted(range(len(seqs)), key=lambda i: -len(seqs[i]))
-        unsort = [0] * len(seqs)
+        rows = [0] * len(seqs)
         for row, i in enumerate(order):
-            unsort[i] = row
+            rows[i] = offset + row
         seqs = [seqs[i] for i in order]
         lengths = [len(seq) for seq in seqs]
         max_blocks = max(len(seq.block_table) for seq in seqs)
         tables = [seq.block_table + [0] * (max_blocks - len(seq.block_table)) for seq in seqs]
-        buffer_len, refresh = self._decode_buffers(seqs)
-        ctx = ForwardContext(
-            is_prefill=False,
-            slot_mapping=self._tensor([self._slot(s, len(s) - 1) for s in seqs]),
-            block_tables=self._tensor(tables),
-            context_lens=self._tensor(lengths),
-            decode_groups=self._decode_groups(lengths),
-            decode_buffer_len=buffer_len,
-            refresh_decode_buffers=refresh,
-            lora=self._lora_step([seq.lora_slot for seq in seqs]),
-        )
-        input_ids = self._tensor([seq.last_token_id for seq in seqs])
-        positions = self._tensor([n - 1 for n in lengths])
-        return input_ids, positions, ctx, self._tensor(unsort)
+        ctx.decode_buffer_len, ctx.refresh_decode_buffers = self._decode_buffers(seqs)
+        ctx.block_tables = self._tensor(tables)
+        ctx.context_lens = self._tensor(lengths)
+        ctx.decode_groups = self._decode_groups(lengths)
+        return rows
 
     def _decode_groups(self, lengths: list[int]) -> list[tuple[int, int, torch.Tensor]]:
         """Rows (longest first) that attend in one call, each group with its additive mask."""
@@ -175,15 +201,26 @@ class ModelRunner:
         positions = torch.cat([torch.arange(e - s) for s, e in zip(cu[:-1], cu[1:], strict=True)])
         # every token on slot 0, so the LoRA scratch of the largest step is measured too
         ctx = ForwardContext(
-            is_prefill=True,
             slot_mapping=self._tensor([]),
             cu_seqlens=cu,
+            context_starts=[0] * (len(cu) - 1),
+            prefill_block_tables=[None] * (len(cu) - 1),
             lora=self._lora_step([0] * n),
         )
         with forward_context(ctx):
             hidden = self.model(self._tensor([0] * n), positions.to(self.device))
         self.model.compute_logits(hidden[self._tensor([e - 1 for e in cu[1:]])])
         torch.cuda.synchronize(self.device)
+
+
+def _prompt_positions(seq: Sequence, start: int, n: int) -> tuple[int, int]:
+    """(first, count) of the positions in a chunk whose logits give a prompt token its
+    logprob and have not yet (a recomputed sequence keeps those it has); none unless the
+    sequence asked for prompt logprobs."""
+    if seq.params.prompt_logprobs is None:
+        return start, 0
+    first = max(start, len(seq.prompt_logprobs) - 1)
+    return first, max(0, min(start + n, seq.num_prompt_tokens - 1) - first)
 
 
 def _length_groups(lengths: list[int], max_groups: int = 4) -> list[tuple[int, int, int]]:

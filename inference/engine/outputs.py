@@ -11,6 +11,7 @@ class TokenLogprob:
     token_id: int
     logprob: float
     top: list[tuple[int, float]]  # (token id, logprob) of the most likely tokens, best first
+    rank: int | None = None  # 1 + how many tokens are more likely (prompt logprobs only)
 
 
 @dataclass
@@ -25,6 +26,9 @@ class RequestOutput:
     finish_reason: str | None  # "stop", "length" or "abort" once finished
     prompt_tokens: int
     completion_tokens: int
+    # with SamplingParams.prompt_logprobs: one entry per prompt token (None for the first,
+    # which has no context), on the request's first output only
+    prompt_logprobs: list[TokenLogprob | None] | None = None
     # why an aborted request could not be served (e.g. an AdapterLoadError); the async
     # front raises it to the caller instead of handing over this output
     error: Exception | None = None
@@ -39,6 +43,7 @@ class CompletionOutput:
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprob | None] | None = None
     finish_reason: str | None = None
     error: Exception | None = None
 
@@ -73,6 +78,7 @@ def append_token(
         visible = len(seq.text)
     new_text = seq.text[seq.num_text_sent : visible]
     seq.num_text_sent = visible
+    first = seq.num_completion_tokens == 1 and params.prompt_logprobs is not None
     return RequestOutput(
         request_id=seq.request_id,
         new_token_ids=[token_id],
@@ -82,6 +88,7 @@ def append_token(
         finish_reason=seq.finish_reason,
         prompt_tokens=seq.num_prompt_tokens,
         completion_tokens=seq.num_completion_tokens,
+        prompt_logprobs=(seq.prompt_logprobs or [None]) if first else None,
     )
 
 

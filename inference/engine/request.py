@@ -6,9 +6,18 @@ vocabulary, the context length) and turns it into a Sequence.
 
 import os
 from dataclasses import KW_ONLY, dataclass
+from enum import IntEnum
 
 from .errors import InvalidRequestError
 from .sampling_params import SamplingParams
+
+
+class Priority(IntEnum):
+    """Lower runs first; any integer works. Tenants' traffic runs at DEFAULT, the platform's
+    own work (quality-gate scoring, warm-up) at BACKGROUND, behind it."""
+
+    DEFAULT = 0
+    BACKGROUND = 10
 
 
 @dataclass(frozen=True)
@@ -40,7 +49,9 @@ class EngineRequest:
     """One generation request: exactly one of `prompt` (text) and `prompt_token_ids`, the
     sampling settings (default SamplingParams()), the adapter (None: the base model), the
     fairness key the scheduler takes turns between (a tenant), and when it arrived (default:
-    when the engine takes it). Written `EngineRequest("r1", "Hello", params)` for text."""
+    when the engine takes it), and its priority (lower first: a waiting request of a lower
+    value is admitted before, and may preempt, running ones of a higher value). Written
+    `EngineRequest("r1", "Hello", params)` for text."""
 
     request_id: str
     prompt: str | None = None
@@ -50,3 +61,4 @@ class EngineRequest:
     lora_request: LoRARequest | None = None
     fairness_key: str | None = None
     arrival_time: float | None = None
+    priority: int = Priority.DEFAULT

@@ -79,3 +79,28 @@ class Sampler:
                 token_ids[i], chosen[row], list(zip(best, best_values, strict=True))
             )
         return out
+
+
+def prompt_logprobs(seq: Sequence, first_position: int, logits: torch.Tensor) -> None:
+    """Append to `seq.prompt_logprobs` the entries of the prompt tokens that follow positions
+    `first_position`, `first_position + 1`, ... (one row of `logits` each): the token's
+    logprob under the raw logits, its rank, and the top N there (N = params.prompt_logprobs).
+    The first prompt token has no context, so its entry is None."""
+    n = seq.params.prompt_logprobs
+    assert n is not None, "only for sequences that asked for prompt logprobs"
+    if not seq.prompt_logprobs:
+        seq.prompt_logprobs.append(None)
+    logprobs = logits.log_softmax(dim=-1)
+    targets = seq.token_ids[first_position + 1 : first_position + 1 + logits.shape[0]]
+    index = torch.tensor(targets, dtype=torch.long, device=logits.device)[:, None]
+    chosen = logprobs.gather(1, index)
+    ranks = (logprobs > chosen).sum(dim=-1).add_(1).tolist()
+    top = logprobs.topk(n, dim=-1) if n else None
+    for row, (token_id, value, rank) in enumerate(
+        zip(targets, chosen[:, 0].tolist(), ranks, strict=True)
+    ):
+        best = [] if top is None else top.indices[row].tolist()
+        best_values = [] if top is None else top.values[row].tolist()
+        seq.prompt_logprobs.append(
+            TokenLogprob(token_id, value, list(zip(best, best_values, strict=True)), rank=rank)
+        )

@@ -18,6 +18,8 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False  # keep going past the model's end-of-sequence tokens
     logprobs: int | None = None  # None: no logprobs; N: the chosen token plus the top N
+    # None: none; N: every prompt token's logprob (the first has none) plus the top N there
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -55,6 +57,11 @@ class SamplingParams:
             self.logprobs is None
             or (_is_int(self.logprobs) and 0 <= self.logprobs <= MAX_LOGPROBS),
             f"logprobs must be between 0 and {MAX_LOGPROBS}, got {self.logprobs!r}",
+        )
+        _check(
+            self.prompt_logprobs is None
+            or (_is_int(self.prompt_logprobs) and 0 <= self.prompt_logprobs <= MAX_LOGPROBS),
+            f"prompt_logprobs must be between 0 and {MAX_LOGPROBS}, got {self.prompt_logprobs!r}",
         )
 
     @property

@@ -1,24 +1,61 @@
-"""Continuous batching: which sequences run in the next step.
+"""Continuous batching with chunked prefill: which sequences feed which tokens next step.
 
-A step is either a prefill (new or preempted sequences, whole, within the token budget) or
-a decode (one token for every running sequence). Prefill goes first, so newcomers join
-the running batch at the next step boundary. When a decode needs a KV block and none is
-free, the most recently admitted sequence is preempted: its blocks are freed and it waits
-to be recomputed. Admission and preemption look at free blocks only.
+Every step has a token budget (`max_num_batched_tokens`). Running sequences come first:
+those decoding feed their newest token (one each), those still prefilling feed the next
+chunk of their prompt; then waiting sequences are admitted, each fed as much of its
+prompt as the budget has left. So a long prompt is prefilled over several steps while
+running streams keep producing a token each step. With `enable_chunked_prefill` off, a
+prompt is admitted only whole and the budget counts prefill tokens only. A sequence admitted gets KV blocks for all its tokens at once, sharing the blocks of
+the longest prefix the cache already holds (block_manager.py), and only the rest is fed.
 
-Waiting sequences are considered in one order (`_admission_order`): preempted ones first,
-then round-robin over fairness keys (tenants), oldest first within a key, so one tenant's
-burst cannot fill the batch ahead of another's earlier requests. A sequence whose LoRA
-adapter cannot have a device slot yet is skipped, never holding back those behind it; the
-LoRA manager makes sure such an adapter gets the next slot that frees (no starvation).
+Priorities: all of this happens one priority class at a time, lowest value first, so a
+waiting request of a better class is served before running ones of worse classes, and
+when it lacks a sequence slot or KV blocks, running sequences of worse classes are
+preempted for it (the newest first). Background work therefore delays tenants' traffic by
+at most the step already under way. When a decode needs a block and none is free, the
+newest running sequence not yet scheduled in this step is preempted: its blocks are freed
+(named ones stay cached, so its recompute is mostly a cache hit) and it waits to be
+recomputed.
+
+Within a class, waiting sequences are considered in one order (`_admission_order`):
+preempted ones first, then round-robin over fairness keys (tenants), oldest first within
+a key, so one tenant's burst cannot fill the batch ahead of another's earlier requests. A
+sequence whose LoRA adapter cannot have a device slot yet is skipped, never holding back
+those behind it; the LoRA manager makes sure such an adapter gets the next slot that
+frees (no starvation). A sequence that does not fit the budget or the free blocks holds
+back those behind it, so a long prompt is never starved by short ones.
 """
 
+import itertools
 from collections import deque
+from dataclasses import dataclass, field
 
 from .block_manager import BlockManager
 from .config import EngineConfig
 from .lora.manager import LoRAManager
 from .sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class ScheduledBatch:
+    """One step's work: prefill chunks first, then decodes (one token each)."""
+
+    prefills: list[tuple[Sequence, int]] = field(default_factory=list)  # (seq, tokens fed)
+    decodes: list[Sequence] = field(default_factory=list)
+
+    @property
+    def seqs(self) -> list[Sequence]:
+        return [seq for seq, _ in self.prefills] + self.decodes
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(n for _, n in self.prefills) + len(self.decodes)
+
+    def entries(self) -> list[tuple[Sequence, int]]:
+        return self.prefills + [(seq, 1) for seq in self.decodes]
+
+    def __bool__(self) -> bool:
+        return bool(self.prefills or self.decodes)
 
 
 class Scheduler:
@@ -31,11 +68,13 @@ class Scheduler:
         assert config.max_num_batched_tokens is not None  # resolved by EngineConfig
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = config.max_num_batched_tokens
+        self.chunked_prefill = config.enable_chunked_prefill
         self.block_manager = block_manager
         self.lora = lora_manager  # None when LoRA is off
         self.waiting: deque[Sequence] = deque()
-        self.running: deque[Sequence] = deque()
+        self.running: list[Sequence] = []  # in the order they were admitted
         self.num_preemptions = 0
+        self._admissions = itertools.count()
 
     def add(self, seq: Sequence) -> None:
         if self.lora is not None:
@@ -45,20 +84,93 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def schedule(self) -> tuple[list[Sequence], bool]:
-        """The next batch and whether it is a prefill; empty when nothing can run."""
-        batch = self._schedule_prefill()
-        if batch:
-            return batch, True
-        return self._schedule_decode(), False
+    def schedule(self) -> ScheduledBatch:
+        """The next step's batch; empty when nothing can run."""
+        batch = ScheduledBatch()
+        self._scheduled: set[int] = set()  # ids of the sequences in `batch`, never preempted
+        budget = self.max_num_batched_tokens
+        if self.waiting and self.lora is not None:
+            self.lora.begin_schedule()
+        classes = sorted({s.priority for s in self.running} | {s.priority for s in self.waiting})
+        for priority in classes:
+            budget = self._schedule_running(priority, budget, batch)
+            budget = self._admit_waiting(priority, budget, batch)
+        return batch
 
-    def _admission_order(self) -> list[Sequence]:
-        """The one place that orders waiting sequences: preempted ones (they were running)
-        first, then one sequence per fairness key in turn, keys in the order of their
-        oldest waiting sequence, each key's sequences in arrival order."""
+    def _add_to(self, batch: ScheduledBatch, seq: Sequence, n: int) -> None:
+        """Put a sequence's next `n` tokens in the batch. The blocks they fill are named now,
+        so a sequence admitted after it in this very step can share them."""
+        if seq.num_uncomputed_tokens == 1 and seq.num_computed_tokens:
+            batch.decodes.append(seq)
+        else:
+            batch.prefills.append((seq, n))
+        self._scheduled.add(id(seq))
+        self.block_manager.commit(seq, seq.num_computed_tokens + n)
+
+    def _schedule_running(self, priority: int, budget: int, batch: ScheduledBatch) -> int:
+        """Decodes first (one token each), then the next chunk of each prefilling sequence."""
+        members = [s for s in self.running if s.priority == priority]
+        decoding = [s for s in members if s.num_uncomputed_tokens == 1]
+        prefilling = [s for s in members if s.num_uncomputed_tokens > 1]
+        for seq in decoding:
+            if budget == 0 and self.chunked_prefill:
+                return 0
+            if seq.status is not SequenceStatus.RUNNING:
+                continue  # preempted below for a sequence scheduled before it
+            while not self.block_manager.can_append(seq):
+                victim = self._victim(worse_than=None) or seq
+                self._preempt(victim)
+                if victim is seq:
+                    break
+            else:
+                self.block_manager.append_slot(seq)
+                self._add_to(batch, seq, 1)
+                if self.chunked_prefill:  # unchunked, the budget bounds prefill tokens only
+                    budget -= 1
+        for seq in prefilling:
+            if budget == 0:
+                return 0
+            if seq.status is not SequenceStatus.RUNNING:
+                continue
+            n = min(seq.num_uncomputed_tokens, budget)
+            self._add_to(batch, seq, n)
+            budget -= n
+        return budget
+
+    def _admit_waiting(self, priority: int, budget: int, batch: ScheduledBatch) -> int:
+        admitted: set[int] = set()
+        for seq in self._admission_order(priority):
+            if budget == 0 or not self._make_room_for(seq):
+                break
+            cached = self.block_manager.cached_prefix(seq)
+            n = len(seq) - len(cached) * self.block_manager.block_size
+            if n > budget and not self.chunked_prefill:
+                break
+            if not self._free_blocks_for(seq, cached):
+                break
+            if self.lora is not None and not self.lora.acquire(seq):
+                continue
+            self.block_manager.allocate(seq, cached)
+            self._set_status(seq, SequenceStatus.RUNNING)
+            seq.admitted_order = next(self._admissions)
+            self.running.append(seq)
+            n = min(n, budget)
+            self._add_to(batch, seq, n)
+            admitted.add(id(seq))
+            budget -= n
+        if admitted:
+            self.waiting = deque(s for s in self.waiting if id(s) not in admitted)
+        return budget
+
+    def _admission_order(self, priority: int) -> list[Sequence]:
+        """The one place that orders waiting sequences of a class: preempted ones (they were
+        running) first, then one sequence per fairness key in turn, keys in the order of
+        their oldest waiting sequence, each key's sequences in arrival order."""
         preempted: list[Sequence] = []
         by_key: dict[str | None, deque[Sequence]] = {}
         for seq in self.waiting:
+            if seq.priority != priority:
+                continue
             if seq.num_preemptions:
                 preempted.append(seq)
             else:
@@ -70,57 +182,36 @@ class Scheduler:
             queues = [q for q in queues if q]
         return order
 
-    def _schedule_prefill(self) -> list[Sequence]:
-        if not self.waiting:
-            return []
-        batch: list[Sequence] = []
-        num_tokens = 0
-        if self.lora is not None:
-            self.lora.begin_schedule()
-        for seq in self._admission_order():
-            # A sequence that does not fit holds back those behind it, so a long prompt is
-            # never starved by short ones; one whose adapter is not ready is only skipped.
-            if not self._can_admit(seq, batch, num_tokens):
-                break
-            if self.lora is not None and not self.lora.acquire(seq):
-                continue
-            self.block_manager.allocate(seq)
-            self._set_status(seq, SequenceStatus.RUNNING)
-            self.running.append(seq)
-            batch.append(seq)
-            num_tokens += len(seq)
-        if batch:
-            admitted = set(map(id, batch))
-            self.waiting = deque(s for s in self.waiting if id(s) not in admitted)
-        return batch
+    def _make_room_for(self, seq: Sequence) -> bool:
+        """A sequence slot for a waiting sequence, preempting one of a worse class if need be."""
+        while len(self.running) >= self.max_num_seqs:
+            victim = self._victim(worse_than=seq.priority)
+            if victim is None:
+                return False
+            self._preempt(victim)
+        return True
 
-    def _can_admit(self, seq: Sequence, batch: list[Sequence], num_tokens: int) -> bool:
-        """Every budget a waiting sequence must fit to join the batch. The per-batch cap on
-        distinct LoRA adapters needs no check here: each adapter in the batch holds one of
-        the `max_loras` device slots, which `LoRAManager.acquire` hands out."""
-        return (
-            len(self.running) < self.max_num_seqs
-            and num_tokens + len(seq) <= self.max_num_batched_tokens
-            and self.block_manager.can_allocate(seq)
-        )
+    def _free_blocks_for(self, seq: Sequence, cached: list[int]) -> bool:
+        """KV blocks for a waiting sequence, preempting ones of a worse class if need be."""
+        while not self.block_manager.can_allocate(seq, cached):
+            victim = self._victim(worse_than=seq.priority)
+            if victim is None:
+                return False
+            self._preempt(victim)
+        return True
 
-    def _schedule_decode(self) -> list[Sequence]:
-        batch: list[Sequence] = []
-        while self.running:
-            seq = self.running.popleft()
-            while not self.block_manager.can_append(seq):
-                if self.running:
-                    self._preempt(self.running.pop())
-                else:
-                    self._preempt(seq)
-                    break
-            else:
-                self.block_manager.append_slot(seq)
-                batch.append(seq)
-        self.running.extend(batch)
-        return batch
+    def _victim(self, worse_than: int | None) -> Sequence | None:
+        """The running sequence to preempt: not in this step's batch, of the worst class
+        (worse than `worse_than` when given), the most recently admitted of it."""
+        candidates = [
+            s
+            for s in self.running
+            if id(s) not in self._scheduled and (worse_than is None or s.priority > worse_than)
+        ]
+        return max(candidates, key=lambda s: (s.priority, s.admitted_order), default=None)
 
     def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
         self.block_manager.free(seq)
         self._set_status(seq, SequenceStatus.WAITING)
         seq.num_preemptions += 1

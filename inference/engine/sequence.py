@@ -10,18 +10,23 @@ from .request import LoRARequest
 from .sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    from .outputs import TokenLogprob
     from .tokenizer import IncrementalDetokenizer
 
 
 class SequenceStatus(Enum):
     WAITING = auto()  # queued, or preempted and holding no KV blocks
-    RUNNING = auto()  # holds KV blocks for all its tokens but the last
+    RUNNING = auto()  # holds KV blocks for all its tokens; prefilling or decoding
     FINISHED = auto()
 
 
 class Sequence:
     """Prompt and completion tokens in one list, so a preempted sequence is recomputed by
-    prefilling that list again; only `num_prompt_tokens` tells the two parts apart."""
+    prefilling that list again; only `num_prompt_tokens` tells the two parts apart.
+
+    `num_computed_tokens` counts the tokens whose keys and values are in the cache (found
+    there or computed): a running sequence is prefilling while that is short of all its
+    tokens but the last, and decoding once only the newest token is left to feed."""
 
     def __init__(
         self,
@@ -34,6 +39,7 @@ class Sequence:
         lora_request: LoRARequest | None = None,
         fairness_key: str | None = None,
         arrival_time: float | None = None,
+        priority: int = 0,
     ):
         self.request_id = request_id
         self.token_ids = list(prompt_token_ids)
@@ -45,7 +51,14 @@ class Sequence:
         self.generator = generator
         self.detokenizer = detokenizer
         self.status = SequenceStatus.WAITING
+        self.priority = priority  # lower first (request.py)
         self.block_table: list[int] = []
+        self.block_hashes: list[bytes] = []  # names of its full blocks (block_manager.py)
+        self.num_committed_blocks = 0  # leading blocks offered to the prefix cache
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = 0  # found in the prefix cache when last admitted
+        self.admitted_order = 0  # when it was last admitted; the newest is preempted first
+        self.prompt_logprobs: list[TokenLogprob | None] = []  # with params.prompt_logprobs
         self.num_preemptions = 0
         self.text = ""  # completion text so far
         self.num_text_sent = 0  # chars of `text` already handed to the caller
@@ -61,6 +74,10 @@ class Sequence:
     @property
     def num_completion_tokens(self) -> int:
         return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return len(self.token_ids) - self.num_computed_tokens
 
     @property
     def last_token_id(self) -> int:

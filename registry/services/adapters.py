@@ -101,6 +101,7 @@ def adapter_delete(*, adapter: Adapter, actor: str, force: bool = False) -> None
         )
     versions = list(adapter.versions.all())
     keys = [k for v in versions for k in (v.config_key, v.weights_key)]
+    keys += list(adapter.eval_sets.values_list("key", flat=True))
     before = _snapshot(adapter) | {
         "versions": [v.number for v in versions],
         "aliases": {a.name: a.version.number for a in aliases},

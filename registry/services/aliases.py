@@ -9,6 +9,7 @@ from audit.services import Subject, audit_record, snapshot
 
 from .. import queue
 from ..errors import (
+    EvaluationNotPassed,
     InvalidAlias,
     InvalidWeight,
     ReservedAlias,
@@ -19,6 +20,7 @@ from ..errors import (
 )
 from ..models import Adapter, AdapterVersion, Alias
 from ..names import CANARY, alias_name_validator, reserved_alias_reason
+from ..quality import why_not_passed
 
 
 def _audit(alias: Alias, verb: str, *, actor: str, before=None, after=None) -> None:
@@ -56,13 +58,19 @@ def _pointable(adapter: Adapter, number: int) -> AdapterVersion:
             f"v{number} is {version.status}{why}; only ready versions can be pointed at",
         )
     base = adapter.base_model
-    if not version.servable_on(base):
+    if version.compatible is not True or version.checked_revision != base.revision:
         if version.checked_revision != base.revision:
             why = f"it has not been checked against {base.name}'s current revision yet"
         else:
             why = version.compatibility_detail
         raise VersionIncompatible(
             f"v{number} is not compatible with base model {base.name}: {why}",
+        )
+    why_not = why_not_passed(version, base.revision)
+    if why_not is not None:
+        raise EvaluationNotPassed(
+            f"v{number} has not passed its evaluation: {why_not}; only versions that passed "
+            "(or that an operator overrode) can be pointed at",
         )
     return version
 
@@ -71,7 +79,8 @@ def _pointable(adapter: Adapter, number: int) -> AdapterVersion:
 def alias_set(
     *, adapter: Adapter, name: str, version_number: int, actor: str, weight: int | None = None
 ) -> tuple[Alias, bool]:
-    """Point an alias at a ready, compatible version; returns (alias, created).
+    """Point an alias at a ready, compatible version that passed its evaluation (or that an
+    operator overrode) on the base model's current revision; returns (alias, created).
 
     `weight` (0-100) belongs to the `canary` alias only: that share of requests for the
     bare adapter name goes to the canary's version.

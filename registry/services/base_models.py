@@ -10,8 +10,9 @@ from pathlib import Path
 
 from django.conf import settings
 from django.db import transaction
+from django.utils import timezone
 
-from audit.services import SYSTEM_COMPATIBILITY
+from audit.services import SYSTEM_COMPATIBILITY, SYSTEM_EVALUATOR
 from inference.engine.formats.safetensors_header import HeaderError, parse_header
 from inference.engine.lora.peft_rules import (
     CONFIG_FILE,
@@ -21,14 +22,18 @@ from inference.engine.lora.peft_rules import (
     FingerprintError,
     fingerprint_from_config,
 )
+from tenants.usage import usage_by_version
 
 from .. import queue
 from ..errors import ObjectMissing, RegistryError, StorageUnavailable
-from ..models import AdapterVersion, BaseModel
+from ..models import AdapterVersion, BaseModel, Evaluation
+from ..quality import short_revision
 from ..staging import download_version, version_dir
 from ..uploads import MAX_CONFIG_BYTES
 from ..validation import validate_adapter_files
+from .evaluations import USAGE_WINDOW, evaluation_request
 from .failures import log_unexpected
+from .quality import quality_mark_pending, quality_move
 from .transitions import transition
 
 log = logging.getLogger(__name__)
@@ -86,8 +91,9 @@ def base_model_import(
     """Record (or update) a base model; returns (row, revision_changed).
 
     A changed revision makes every adapter on it unservable until the compatibility
-    re-check, queued here, has checked it against the new weights. `serve=None` serves the
-    model when nothing else is served yet.
+    re-check, queued here, has checked it against the new weights and its re-evaluation
+    there has passed (quality pending meanwhile). `serve=None` serves the model when nothing
+    else is served yet.
     """
     path = Path(path).resolve()
     fingerprint, revision = read_model_folder(path)
@@ -104,6 +110,14 @@ def base_model_import(
     row.full_clean()
     row.save()
     if changed:
+        # The quality gate: nothing on it serves until re-checked and re-evaluated there.
+        quality_mark_pending(
+            base_model=row,
+            detail=(
+                f"evaluation pending on revision {short_revision(revision)}: {row.name} was "
+                "re-imported; its compatibility is re-checked, then it is re-evaluated"
+            ),
+        )
         queue.send_on_commit(queue.RECHECK, row.pk)
     return row, changed
 
@@ -137,7 +151,7 @@ def version_recheck(*, version: AdapterVersion, base_model: BaseModel) -> Adapte
             check_values=False,
             prior_checks=prior,
         )
-    return transition(
+    checked = transition(
         version.pk,
         AdapterVersion.Status.READY,
         actor=SYSTEM_COMPATIBILITY,
@@ -148,16 +162,37 @@ def version_recheck(*, version: AdapterVersion, base_model: BaseModel) -> Adapte
             f"fits revision {base_model.revision[:12]}" if result.ok else result.summary()
         ),
     )
+    if checked is not None and not result.ok:
+        _not_evaluated(checked, base_model, f"it does not fit: {result.summary()}")
+    return checked
+
+
+def _not_evaluated(version: AdapterVersion, base_model: BaseModel, why: str) -> None:
+    """An incompatible version is not evaluated on this revision: its quality says so."""
+    quality_move(
+        version.pk,
+        AdapterVersion.Quality.FAILED,
+        revision=base_model.revision,
+        detail=f"not evaluated on revision {short_revision(base_model.revision)}: {why}",
+        actor=SYSTEM_COMPATIBILITY,
+        verb=None,
+    )
 
 
 def base_model_recheck(*, base_model_id: int) -> dict[str, int]:
-    """Re-check every ready version on this base model against its current revision."""
+    """Re-check every ready version on this base model against its current revision, most
+    used first, and queue the re-evaluation of each compatible one as soon as it is checked
+    (so the evaluations run most used first too)."""
     base_model = BaseModel.objects.get(pk=base_model_id)
-    versions = (
+    versions = list(
         AdapterVersion.objects.filter(adapter__base_model=base_model, status=AdapterVersion.READY)
         .exclude(checked_revision=base_model.revision)
         .select_related("adapter__tenant")
     )
+    usage = usage_by_version(
+        version_ids=[v.pk for v in versions], since=timezone.now() - USAGE_WINDOW
+    )
+    versions.sort(key=lambda v: (-usage.get(v.pk, 0), v.pk))
     counts = {"compatible": 0, "incompatible": 0}
     for version in versions:
         try:
@@ -168,6 +203,12 @@ def base_model_recheck(*, base_model_id: int) -> dict[str, int]:
             checked = _recheck_failed(version, base_model, exc)
         if checked is not None:
             counts["compatible" if checked.compatible else "incompatible"] += 1
+            if checked.compatible:
+                evaluation_request(
+                    version_id=checked.pk,
+                    trigger=Evaluation.Trigger.BASE_UPGRADE,
+                    actor=SYSTEM_EVALUATOR,
+                )
     return counts
 
 
@@ -179,14 +220,18 @@ def _recheck_failed(
     `checked_revision` stays the old one: the admin's re-check action tries it again.
     """
     error_id = log_unexpected(exc, what=f"re-checking version {version.pk}")
-    return transition(
+    detail = (
+        f"the check against revision {base_model.revision[:12]} failed on an internal "
+        f"error (error id {error_id}); an operator can re-check once it is fixed"
+    )
+    failed = transition(
         version.pk,
         AdapterVersion.Status.READY,
         actor=SYSTEM_COMPATIBILITY,
         verb="version.incompatible",
         compatible=False,
-        compatibility_detail=(
-            f"the check against revision {base_model.revision[:12]} failed on an internal "
-            f"error (error id {error_id}); an operator can re-check once it is fixed"
-        ),
+        compatibility_detail=detail,
     )
+    if failed is not None:
+        _not_evaluated(failed, base_model, detail)
+    return failed

@@ -61,6 +61,30 @@ def _refusal(version: AdapterVersion, to: str) -> str:
     return f"{version.label} is {version.status}; it may become {allowed}, not {to}"
 
 
+def locked_version(
+    version_id: int, when: Callable[[AdapterVersion], bool] | None = None
+) -> AdapterVersion | None:
+    """The version's row locked for the caller's transaction (with its adapter, tenant and
+    base model), or None when it is gone or `when(version)` is false on the locked row."""
+    version = (
+        AdapterVersion.objects.select_for_update(of=("self",))
+        .select_related("adapter__tenant", "adapter__base_model")
+        .filter(pk=version_id)
+        .first()
+    )
+    if version is None or (when is not None and not when(version)):
+        return None
+    return version
+
+
+def set_changes(version: AdapterVersion, changes: dict) -> list[str]:
+    """Set each change on the row (a function of the row is called with it); their names."""
+    values = {name: v(version) if callable(v) else v for name, v in changes.items()}
+    for name, value in values.items():
+        setattr(version, name, value)
+    return list(values)
+
+
 def transition(
     version_id: int,
     to: str,
@@ -78,23 +102,16 @@ def transition(
     ALLOWED does not list raises InvalidTransition (a 409 Conflict).
     """
     with transaction.atomic():
-        version = (
-            AdapterVersion.objects.select_for_update(of=("self",))
-            .select_related("adapter__tenant", "adapter__base_model")
-            .filter(pk=version_id)
-            .first()
-        )
-        if version is None or (when is not None and not when(version)):
+        version = locked_version(version_id, when)
+        if version is None:
             return None
         if to not in ALLOWED[version.status]:
             raise InvalidTransition(_refusal(version, to))
         before = version_snapshot(version)
-        values = {name: v(version) if callable(v) else v for name, v in changes.items()}
-        for name, value in values.items():
-            setattr(version, name, value)
+        changed = set_changes(version, changes)
         version.status = to
         version.full_clean(validate_unique=False, validate_constraints=False)
-        version.save(update_fields=["status", *values])
+        version.save(update_fields=["status", *changed])
         if verb is not None:
             audit_record(
                 subject=version_subject(version),

@@ -18,17 +18,19 @@ from django.db import transaction
 from django.db.models import Max, Q
 from django.utils import timezone
 
-from audit.services import SYSTEM_SWEEP, SYSTEM_VALIDATOR, audit_record
+from audit.services import SYSTEM_EVALUATOR, SYSTEM_SWEEP, SYSTEM_VALIDATOR, audit_record
 from inference.engine.lora.peft_rules import CONFIG_FILE, WEIGHTS_FILE, ArchFingerprint, Check
 from tenants.models import Tenant
 
 from .. import objectstore, queue
 from ..errors import ObjectMissing, UploadTooLarge
-from ..models import Adapter, AdapterVersion, BaseModel
+from ..models import Adapter, AdapterVersion, BaseModel, Evaluation
 from ..objectstore import Digest
 from ..staging import download_version
-from ..uploads import CONFIG_FIELD, MAX_CONFIG_BYTES, WEIGHTS_FIELD, too_large
+from ..uploads import CONFIG_FIELD, EVAL_FIELD, MAX_CONFIG_BYTES, WEIGHTS_FIELD, too_large
 from ..validation import ValidationResult, printable, validate_adapter_files
+from .eval_sets import eval_set_check, eval_set_record, eval_set_store, eval_set_upload
+from .evaluations import evaluation_request
 from .failures import log_unexpected
 from .quotas import UPLOAD_VERB, quota_check
 from .transitions import transition, undecided, version_snapshot, version_subject
@@ -69,18 +71,29 @@ def _audit_duplicate(existing: AdapterVersion, *, actor: str, source: str) -> No
 
 
 def adapter_version_create(
-    *, adapter: Adapter, config: BinaryIO, weights: BinaryIO, actor: str, source: str = "upload"
+    *,
+    adapter: Adapter,
+    config: BinaryIO,
+    weights: BinaryIO,
+    actor: str,
+    source: str = "upload",
+    eval_set: BinaryIO | None = None,
 ) -> tuple[AdapterVersion, bool]:
     """Store two local files as a new pending version and queue its validation.
 
     Returns (version, created); identical bytes return the existing version. The tenant's
     quotas are checked before storing and again under its row lock (QuotaExceeded). On any
     failure the objects written so far are deleted: storage never keeps bytes no row refers to.
+    `eval_set` (the upload's `eval` part) becomes the adapter's eval set in the same
+    transaction; it is validated first, so a bad one refuses the upload with nothing stored.
     """
+    checked_eval = eval_set_check(eval_set, param=EVAL_FIELD) if eval_set is not None else None
     config_digest = _digest(config, CONFIG_FIELD, MAX_CONFIG_BYTES)
     weights_digest = _digest(weights, WEIGHTS_FIELD, settings.MAX_ADAPTER_BYTES)
     existing = _duplicate_of(adapter, config_digest, weights_digest)
     if existing is not None:
+        if checked_eval is not None:  # the version exists; the eval set is still the adapter's
+            eval_set_store(owner=adapter, checked=checked_eval, actor=actor)
         _audit_duplicate(existing, actor=actor, source=source)
         return existing, False
     new_bytes = config_digest.size + weights_digest.size
@@ -92,19 +105,26 @@ def adapter_version_create(
     try:
         written.append(objectstore.save(f"{prefix}/{CONFIG_FILE}", config))
         written.append(objectstore.save(f"{prefix}/{WEIGHTS_FILE}", weights))
+        version_keys = list(written)
+        uploaded_eval = None
+        if checked_eval is not None:
+            uploaded_eval = eval_set_upload(owner=adapter, checked=checked_eval)
+            written.append(uploaded_eval.key)
         with transaction.atomic():
             # The tenant first: its quotas count versions of all its adapters.
             tenant = Tenant.objects.select_for_update().get(pk=adapter.tenant_id)
             locked = Adapter.objects.select_for_update().get(pk=adapter.pk)
+            if uploaded_eval is not None:
+                eval_set_record(uploaded_eval, actor=actor)
             existing = _duplicate_of(locked, config_digest, weights_digest)
             if existing is not None:  # a concurrent upload of the same bytes won
-                transaction.on_commit(lambda: objectstore.delete_quietly(written))
+                transaction.on_commit(lambda: objectstore.delete_quietly(version_keys))
                 _audit_duplicate(existing, actor=actor, source=source)
                 return existing, False
             quota_check(tenant=tenant, new_bytes=new_bytes)
             last = locked.versions.aggregate(n=Max("number"))["n"] or 0
             version.number = last + 1
-            version.config_key, version.weights_key = written
+            version.config_key, version.weights_key = version_keys
             version.config_sha256, version.config_size = config_digest.sha256, config_digest.size
             version.weights_sha256, version.weights_size = (
                 weights_digest.sha256,
@@ -184,10 +204,15 @@ def _finish(version_id: int, result: ValidationResult, *, revision: str) -> Adap
         validated_at=timezone.now(),
     )
     if version is not None and version.status == Status.READY:
-        queue.send_on_commit(queue.STAGE, version.pk)
         base_model_id = version.adapter.base_model_id
         if BaseModel.objects.get(pk=base_model_id).revision != revision:
             queue.send_on_commit(queue.RECHECK, base_model_id)  # re-imported while we validated
+        else:  # the quality gate: servable once evaluated (the re-check requests it otherwise)
+            evaluation_request(
+                version_id=version.pk, trigger=Evaluation.Trigger.UPLOAD, actor=SYSTEM_EVALUATOR
+            )
+            version.refresh_from_db()
+        queue.send_on_commit(queue.STAGE, version.pk)
     return version
 
 

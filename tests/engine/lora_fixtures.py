@@ -62,8 +62,9 @@ def run_all(engine: LLMEngine, max_steps: int = 10_000) -> dict:
     for _ in range(max_steps):
         if not engine.has_unfinished():
             return results
+        steps = engine.num_steps
         outputs = engine.step()
-        if not outputs:
+        if not outputs and engine.num_steps == steps:  # nothing ran: adapters are loading
             engine.wait_for_load(0.05)
         for out in outputs:
             r = results.setdefault(out.request_id, {"tokens": [], "finish": None, "error": None})

@@ -108,7 +108,7 @@ def test_max_num_seqs_caps_the_running_batch(model_dir, alone):
 
 
 def test_max_num_batched_tokens_splits_prefills(model_dir, alone):
-    engine = make_engine(model_dir, max_model_len=40, max_num_batched_tokens=40)
+    engine = make_engine(model_dir, max_model_len=40, max_num_batched_tokens=40, max_num_seqs=8)
     lengths = {}
     for p in PROMPTS:
         engine.add_request(EngineRequest(p, p, GREEDY))

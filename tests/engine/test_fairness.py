@@ -16,19 +16,15 @@ def model_dir(lora_model_dir):
 
 
 def admitted_in_order(engine: LLMEngine) -> list[str]:
-    """Request ids in the order prefill steps admitted them."""
+    """Request ids in the order steps admitted them."""
     order = []
     while engine.has_unfinished():
-        seqs, is_prefill = engine.scheduler.schedule()
-        if is_prefill:
-            order += [s.request_id for s in seqs]
-        if seqs:
-            sampled = engine.model_runner.run(seqs, is_prefill)
-            for seq, token in zip(seqs, sampled.token_ids, strict=True):
-                seq.token_ids.append(token)
-                if seq.num_completion_tokens >= PARAMS.max_tokens:
-                    engine.scheduler.finish(seq)
-                    del engine.requests[seq.request_id]
+        known = set(engine.requests)
+        before = {id(s) for s in engine.scheduler.running}
+        batch = engine.scheduler.schedule()
+        order += [s.request_id for s in batch.seqs if id(s) not in before]
+        engine.run_batch(batch)
+        assert set(engine.requests) <= known
     return order
 
 

@@ -62,9 +62,9 @@ def test_four_adapters_and_base_in_one_batch_equal_each_alone(lora_model_dir, re
     batch_sizes = []
     original_run = engine.model_runner.run
 
-    def run(seqs, is_prefill):
-        batch_sizes.append(len({s.lora_slot for s in seqs}))
-        return original_run(seqs, is_prefill)
+    def run(batch):
+        batch_sizes.append(len({s.lora_slot for s in batch.seqs}))
+        return original_run(batch)
 
     engine.model_runner.run = run
     results = run_all(engine)
@@ -155,7 +155,7 @@ def test_no_starvation_while_other_adapters_keep_arriving(lora_model_dir, reques
     for name in ("a0", "a1", "a2"):
         engine.load_lora(requests[name])
     run_all(engine)  # all three in host memory: a2 waits for a slot only
-    first_token_step, starved_tokens, arrival = None, [], 12
+    first_token_step, starved_tokens, arrival, others_after = None, [], 12, 0
     for step in range(300):
         if step % 3 < 2:
             name = ("a0", "a1")[step % 3]
@@ -170,6 +170,8 @@ def test_no_starvation_while_other_adapters_keep_arriving(lora_model_dir, reques
             )
         outputs = engine.step()
         starved_tokens += [t for o in outputs if o.request_id == "starved" for t in o.new_token_ids]
+        if first_token_step is not None:  # a step after a2's first token
+            others_after += sum(1 for o in outputs if o.request_id != "starved")
         if first_token_step is None and starved_tokens:
             first_token_step = step
         if first_token_step is not None and step > first_token_step + 3:
@@ -178,7 +180,7 @@ def test_no_starvation_while_other_adapters_keep_arriving(lora_model_dir, reques
     # The slot that frees soonest is drained: its adapter takes no newcomers, its running
     # requests finish their max_tokens (a decode at least every other step), then a2 is in.
     assert first_token_step - arrival <= 3 * (params.max_tokens + 1)
-    assert {s.lora_request.name for s in engine.scheduler.running} & {"a0", "a1"}
+    assert others_after >= 3  # a0 and a1 kept producing tokens next to it
     starved_tokens += run_all(engine).get("starved", {"tokens": []})["tokens"]
     assert starved_tokens == alone[(PROMPTS[0], "a2")]
 

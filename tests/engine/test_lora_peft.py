@@ -9,6 +9,7 @@ from transformers import AutoModelForCausalLM
 
 from inference.engine import EngineRequest, SamplingParams
 from tests.engine.lora_fixtures import ALL_LINEAR, ATTENTION, lora_engine, request_for
+from tests.engine.stepping import step_logits
 
 VARIANTS = {
     "r4_attention": {"rank": 4, "alpha": 8, "targets": ATTENTION},
@@ -62,12 +63,11 @@ def test_mixed_batch_logits_match_peft_at_prefill_and_decode(
             )
         )
     adapter_of = {f"r{i}": name for i, name in enumerate(names)}
-    for step in range(5):
-        seqs, is_prefill = engine.scheduler.schedule()
-        assert is_prefill == (step == 0) and len(seqs) == len(names)
-        assert len({s.lora_slot for s in seqs}) == len(names)  # every adapter in its own slot
-        logits = engine.model_runner.compute_logits(seqs, is_prefill)
-        for seq, row in zip(seqs, logits, strict=True):
+    for _ in range(5):
+        rows = step_logits(engine)
+        assert len(rows) == len(names)
+        assert len({s.lora_slot for s, _ in rows}) == len(names)  # every adapter in its own slot
+        for seq, row in rows:
             expected = peft_next_logits(peft_models[adapter_of[seq.request_id]], seq.token_ids)
             torch.testing.assert_close(row, expected, atol=1e-4, rtol=0)
             seq.token_ids.append(int(expected.argmax()))

@@ -20,6 +20,7 @@ import torch
 
 from inference.engine import EngineRequest, LoRARequest, SamplingParams
 from tests.engine.lora_fixtures import lora_engine
+from tests.engine.stepping import step_logits
 
 model, *paths = sys.argv[1:]
 loras = [LoRARequest(f"t{i}", f"t{i}", p) for i, p in enumerate(paths)] + [None]
@@ -35,12 +36,11 @@ def two_steps(engine):
         engine.add_request(EngineRequest(f"r{i}", prompt_token_ids=[5 + i, 9, 17, 33][: 2 + i],
                            sampling_params=params, lora_request=lora))
     logits = []
-    for step in range(2):
-        seqs, is_prefill = engine.scheduler.schedule()
-        assert is_prefill == (step == 0) and len(seqs) == len(loras)
-        out = engine.model_runner.compute_logits(seqs, is_prefill)
-        logits.append(out)
-        for seq, row in zip(seqs, out, strict=True):
+    for _ in range(2):
+        rows = step_logits(engine)
+        assert len(rows) == len(loras)
+        logits.append(torch.stack([row for _, row in rows]))
+        for seq, row in rows:
             seq.token_ids.append(int(row.argmax()))
     return logits
 

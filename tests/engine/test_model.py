@@ -5,6 +5,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from inference.engine import EngineRequest, LLMEngine, SamplingParams
+from tests.engine.stepping import step_logits
 from tests.tiny_llama import make_tiny_llama
 
 LLAMA3_ROPE = {
@@ -51,12 +52,11 @@ def test_prefill_and_decode_logits_match_transformers(model_dir, decode_kv):
     params = SamplingParams(temperature=0, max_tokens=100, ignore_eos=True)
     for i, ids in enumerate(prompts):
         engine.add_request(EngineRequest(f"r{i}", prompt_token_ids=ids, sampling_params=params))
-    for step in range(6):
-        seqs, is_prefill = engine.scheduler.schedule()
-        assert is_prefill == (step == 0) and len(seqs) == len(prompts)
-        logits = engine.model_runner.compute_logits(seqs, is_prefill)
-        assert logits.shape == (len(prompts), vocab)
-        for seq, row in zip(seqs, logits, strict=True):
+    for _ in range(6):
+        rows = step_logits(engine)
+        assert len(rows) == len(prompts)
+        for seq, row in rows:
+            assert row.shape == (vocab,)
             expected = _hf_next_logits(hf, seq.token_ids)
             torch.testing.assert_close(row, expected, atol=1e-4, rtol=0)
             seq.token_ids.append(int(expected.argmax()))

@@ -31,10 +31,10 @@ def _fail_steps_once(path: str) -> None:
 
     run = ModelRunner.run
 
-    def failing_run(self, seqs, is_prefill):
+    def failing_run(self, batch):
         if os.path.exists(path):
             raise RuntimeError("injected fault in the model runner")
-        return run(self, seqs, is_prefill)
+        return run(self, batch)
 
     ModelRunner.run = failing_run  # type: ignore[method-assign]
 

@@ -34,10 +34,10 @@ def _fail_once_asked(engine: AsyncLLMEngine) -> threading.Event:
     fail = threading.Event()
     run = engine.engine.model_runner.run
 
-    def run_or_fail(seqs, is_prefill):
+    def run_or_fail(batch):
         if fail.is_set():
             raise RuntimeError("injected fault in the model runner")
-        return run(seqs, is_prefill)
+        return run(batch)
 
     engine.engine.model_runner.run = run_or_fail  # type: ignore[method-assign]
     return fail

@@ -204,7 +204,7 @@ def post_raw(server, body: bytes | dict, headers=None):
             "messages",
         ),
         ({"model": BASE_NAME, "messages": QUESTION, "frobnicate": 1}, 400, "frobnicate"),
-        ({"model": BASE_NAME, "messages": QUESTION, "n": 3}, 400, "n"),
+        ({"model": BASE_NAME, "messages": QUESTION, "n": 17}, 400, "n"),
         ({"model": BASE_NAME, "messages": [{"role": "user", "content": "x" * 100_000}]}, 413, None),
     ],
 )

@@ -3,6 +3,8 @@
 import pytest
 
 from inference.openai_protocol import (
+    MAX_CHOICES,
+    MAX_SEED,
     ProtocolError,
     load_json,
     parse_chat_request,
@@ -89,7 +91,7 @@ def test_neutral_values_of_unsupported_parameters_are_accepted():
         ({"temperature": 3}, "temperature", "invalid_request"),
         ({"temperature": "hot"}, "temperature", "invalid_request"),
         ({"top_p": 0}, "top_p", "invalid_request"),
-        ({"n": 2}, "n", "unsupported_parameter"),
+        ({"best_of": 2}, "best_of", "unsupported_parameter"),
         ({"presence_penalty": 0.5}, "presence_penalty", "unsupported_parameter"),
         ({"tools": [{"type": "function"}]}, "tools", "unsupported_parameter"),
         ({"frobnicate": True}, "frobnicate", "unknown_parameter"),
@@ -135,3 +137,65 @@ def test_invalid_json_is_refused(raw):
     with pytest.raises(ProtocolError) as caught:
         load_json(raw)
     assert caught.value.code == "invalid_json"
+
+
+# ---------------------------------------------------------------- n and prompt_logprobs
+
+
+def text(**body):
+    return parse_completion_request({"model": "m", "prompt": "Hi", **body})
+
+
+@pytest.mark.parametrize("parse", [chat, text])
+def test_n_choices_and_their_seeds(parse):
+    assert parse().n == 1 and parse(n=None).n == 1
+    request = parse(n=3, seed=7)
+    assert request.n == 3
+    assert [request.sampling_kwargs(i)["seed"] for i in range(3)] == [7, 8, 9]  # vLLM's rule
+    assert parse(n=MAX_CHOICES).n == MAX_CHOICES
+    assert parse(n=2).sampling_kwargs(1)["seed"] is None  # the engine draws one per choice
+    assert parse(n=4, seed=MAX_SEED - 3).sampling_kwargs(3)["seed"] == MAX_SEED
+
+
+@pytest.mark.parametrize("parse", [chat, text])
+@pytest.mark.parametrize("n", [0, -1, MAX_CHOICES + 1, "3", True, 2.5, [2], {}])
+def test_a_bad_n_is_refused_naming_it(parse, n):
+    with pytest.raises(ProtocolError) as caught:
+        parse(n=n)
+    assert caught.value.param == "n" and caught.value.code == "invalid_request"
+    assert f"from 1 to {MAX_CHOICES}" in caught.value.message
+
+
+@pytest.mark.parametrize("parse", [chat, text])
+def test_a_seed_whose_last_choice_would_pass_the_largest_is_refused(parse):
+    with pytest.raises(ProtocolError) as caught:
+        parse(n=3, seed=MAX_SEED - 1)
+    assert caught.value.param == "seed"
+    assert str(MAX_SEED - 2) in caught.value.message and "seed + i" in caught.value.message
+    assert parse(n=1, seed=MAX_SEED).seed == MAX_SEED
+
+
+@pytest.mark.parametrize("parse", [chat, text])
+def test_prompt_logprobs_go_to_the_first_choice_only(parse):
+    assert parse().prompt_logprobs is None
+    request = parse(prompt_logprobs=2, n=3)
+    assert request.prompt_logprobs == 2
+    assert [request.sampling_kwargs(i)["prompt_logprobs"] for i in range(3)] == [2, None, None]
+    assert parse(prompt_logprobs=0).prompt_logprobs == 0
+    assert parse(prompt_logprobs=None, stream=True).prompt_logprobs is None
+
+
+@pytest.mark.parametrize("parse", [chat, text])
+@pytest.mark.parametrize("value", [-1, 21, "1", True, 1.5, [1]])
+def test_a_bad_prompt_logprobs_is_refused_naming_it(parse, value):
+    with pytest.raises(ProtocolError) as caught:
+        parse(prompt_logprobs=value)
+    assert caught.value.param == "prompt_logprobs" and "from 0 to 20" in caught.value.message
+
+
+@pytest.mark.parametrize("parse", [chat, text])
+@pytest.mark.parametrize("value", [0, 1])
+def test_prompt_logprobs_are_refused_in_a_stream_as_vllm_does(parse, value):
+    with pytest.raises(ProtocolError) as caught:
+        parse(prompt_logprobs=value, stream=True)
+    assert caught.value.param == "prompt_logprobs" and "stream" in caught.value.message

@@ -54,7 +54,7 @@ def refused(template: str, field: str) -> ProtocolError:
         ('"top_p": 0', "top_p"),
         ('"logprobs": true, "top_logprobs": 21', "top_logprobs"),
         (f'"logprobs": true, "top_logprobs": {HUGE}', "top_logprobs"),
-        ('"n": 2', "n"),
+        ('"n": 17', "n"),
         (f'"n": {HUGE}', "n"),
         ('"presence_penalty": NaN', "presence_penalty"),
         ('"frequency_penalty": 1e309', "frequency_penalty"),

@@ -9,7 +9,7 @@ import json
 import os
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -246,3 +246,88 @@ def make_ready_version(adapter, folder: Path, actor: str = ALICE_ACTOR):
     version.refresh_from_db()
     assert version.status == "ready", version.status_detail
     return version
+
+
+# ---------------------------------------------------------------- the quality gate
+
+
+@dataclass
+class FakeScorer:
+    """Stands in for the engine's scoring call (`score_on_engine`, as the evaluation service
+    imports it): answers the engine's shape with the perplexities set here.
+
+    `adapter_ppl` maps a version's uid (str) to its perplexity (`default_ppl` otherwise),
+    `base_ppl` is the base model's; `revision` (default: the served base model's current
+    one) is the revision the engine says it serves; `error`, when set, is raised instead.
+    """
+
+    adapter_ppl: dict = field(default_factory=dict)
+    default_ppl: float = 9.0
+    base_ppl: float = 30.0
+    revision: str | None = None
+    error: Exception | None = None
+    calls: list = field(default_factory=list)
+
+    def __call__(self, version_uid, rows, *, timeout=None):
+        import math
+
+        from registry.models import BaseModel
+
+        self.calls.append((str(version_uid), len(rows)))
+        if self.error is not None:
+            raise self.error
+        ppl = self.adapter_ppl.get(str(version_uid), self.default_ppl)
+        revision = self.revision or BaseModel.objects.get(is_served=True).revision
+        tokens = 4
+        per_row = [
+            {
+                "tokens": tokens,
+                "adapter_nll": tokens * math.log(ppl),
+                "base_nll": tokens * math.log(self.base_ppl),
+            }
+            for _ in rows
+        ]
+        total = tokens * len(rows)
+        return {
+            "adapter_version": str(version_uid),
+            "base_revision": revision,
+            "rows": per_row,
+            "adapter": {"tokens": total, "nll": math.log(ppl), "perplexity": ppl},
+            "base": {"tokens": total, "nll": math.log(self.base_ppl), "perplexity": self.base_ppl},
+        }
+
+
+@pytest.fixture
+def scorer(monkeypatch) -> FakeScorer:
+    from registry.services import evaluations
+
+    fake = FakeScorer()
+    monkeypatch.setattr(evaluations, "score_on_engine", fake)
+    return fake
+
+
+def run_evaluations() -> list:
+    """Run every queued evaluation through the worker's task, in this process (eagerly, as
+    the queue would hand them out: oldest first). Returns the evaluations, refreshed."""
+    from registry.models import Evaluation
+    from registry.tasks import evaluate_adapter_version
+
+    queued = list(Evaluation.objects.filter(status="queued").order_by("pk"))
+    for evaluation in queued:
+        evaluate_adapter_version.apply(args=[evaluation.pk])
+        evaluation.refresh_from_db()
+    return queued
+
+
+def attach_eval_set(adapter, rows=None, actor: str = ALICE_ACTOR):
+    """The adapter's own eval set (default: two prompt rows)."""
+    import io
+
+    from registry.services.eval_sets import eval_set_attach
+
+    rows = rows or [
+        {"prompt": "2 + 2 =", "completion": " 4"},
+        {"prompt": "The capital of France is", "completion": " Paris."},
+    ]
+    data = "".join(json.dumps(row) + "\n" for row in rows).encode()
+    return eval_set_attach(adapter=adapter, file=io.BytesIO(data), actor=actor)[0]

@@ -216,7 +216,9 @@ def test_a_request_announcing_too_many_bytes_is_413_before_reading(
     client, adapter, good_adapter_dir, settings, upload_tmp
 ):
     settings.MAX_ADAPTER_BYTES = 1000
-    response = upload(client, adapter.name, good_adapter_dir, weights=b"\0" * (2 * 1024 * 1024))
+    # More than the config's 1 MiB and the optional eval set's LORAPLEX_EVAL_MAX_BYTES together.
+    weights = b"\0" * (1024 * 1024 + settings.EVAL_MAX_BYTES + 128 * 1024)
+    response = upload(client, adapter.name, good_adapter_dir, weights=weights)
     assert response.status_code == 413
     assert "request is" in response.json()["error"]["message"]
     assert_nothing_written(upload_tmp)

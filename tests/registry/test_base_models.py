@@ -13,7 +13,13 @@ from registry.models import BaseModel
 from registry.selectors import adapter_version_resolve
 from registry.services.aliases import alias_set
 from registry.services.base_models import base_model_import, base_model_recheck, model_revision
-from tests.registry.conftest import ALICE_ACTOR, BASE_NAME, make_ready_version
+from tests.registry.conftest import (
+    ALICE_ACTOR,
+    BASE_NAME,
+    attach_eval_set,
+    make_ready_version,
+    run_evaluations,
+)
 from tests.tiny_llama import make_tiny_llama
 
 pytestmark = pytest.mark.django_db
@@ -84,10 +90,12 @@ def test_the_command_refuses_bad_input_with_a_reason(args, words, tmp_path, tiny
     assert BaseModel.objects.count() == 0
 
 
-def test_a_new_revision_is_not_served_until_rechecked_then_compatible_adapters_return(
-    tenant_a, adapter, good_adapter_dir, retrained_base_dir
+def test_a_new_revision_is_not_served_until_rechecked_and_reevaluated(
+    tenant_a, adapter, good_adapter_dir, retrained_base_dir, scorer
 ):
+    attach_eval_set(adapter)
     version = make_ready_version(adapter, good_adapter_dir)
+    run_evaluations()
     alias_set(adapter=adapter, name="production", version_number=1, actor=ALICE_ACTOR)
     base, changed = base_model_import(name=BASE_NAME, path=retrained_base_dir)
     assert changed and base.is_served
@@ -97,6 +105,9 @@ def test_a_new_revision_is_not_served_until_rechecked_then_compatible_adapters_r
     assert base_model_recheck(base_model_id=base.pk) == {"compatible": 1, "incompatible": 0}
     version.refresh_from_db()
     assert version.checked_revision == base.revision and version.compatible is True
+    with pytest.raises(NotServable, match="evaluation pending on revision"):
+        adapter_version_resolve(tenant=tenant_a, adapter_name="support-bot")
+    run_evaluations()  # the same perplexity on the new weights: passed
     assert adapter_version_resolve(tenant=tenant_a, adapter_name="support-bot").pk == version.pk
     assert AuditEvent.objects.get(verb="version.compatible").actor == "system:compatibility"
     assert base_model_recheck(base_model_id=base.pk) == {"compatible": 0, "incompatible": 0}

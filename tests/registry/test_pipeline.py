@@ -60,6 +60,7 @@ def test_upload_is_validated_staged_and_promoted_through_a_real_worker(
     verbs = [e["verb"] for e in client.get("/api/v1/audit/").json()]
     assert verbs == [
         "alias.set",
+        "evaluation.passed",  # no eval set: passed unmeasured at once, servable
         "version.ready",
         "version.upload",
         "adapter.create",

@@ -8,7 +8,7 @@ from django.test import Client
 
 from audit.models import AuditEvent
 from registry import admin as registry_admin
-from registry.models import AdapterVersion, Alias
+from registry.models import AdapterVersion, Alias, Evaluation
 from registry.services.aliases import alias_set
 from tenants.models import ApiKey, Tenant, UsageRecord
 from tests.registry.conftest import wait_for
@@ -56,6 +56,7 @@ def test_every_model_has_a_working_list_search_and_filters(operator, adapter, go
         "/admin/registry/alias/",
         "/admin/audit/auditevent/?q=upload",
         "/admin/registry/basemodel/",
+        "/admin/registry/evaluation/?status__exact=passed&q=support",
         "/admin/auth/user/",
     ):
         assert operator.get(url).status_code == 200, url
@@ -95,8 +96,13 @@ def test_revalidating_a_rejected_version_starts_it_over(operator, adapter, good_
 def test_restaging_puts_the_files_back_in_the_adapter_cache(
     operator, adapter, good_adapter_dir, live_worker, settings
 ):
+    from registry import staging
+
     version = make_version(adapter, good_adapter_dir)
     folder = settings.ADAPTER_CACHE_DIR / version.uid.hex
+    # The worker stages a version once it is ready; wait for that, then lose the copy.
+    wait_for(lambda: (folder / "adapter_model.safetensors").is_file(), what="first staging")
+    staging.unstage(version)
     assert not folder.exists()
     response = act(operator, "registry/adapterversion", "restage", [version])
     assert "Queued staging of 1 version(s)." in page(response)
@@ -200,6 +206,7 @@ MODELS = {
     "registry/adapter": "adapter",
     "registry/adapterversion": "adapterversion",
     "registry/alias": "alias",
+    "registry/evaluation": "evaluation",
 }
 # (model path, action, the object it would change)
 ACTIONS = [
@@ -212,6 +219,8 @@ ACTIONS = [
     ("registry/adapterversion", "revalidate", "rejected version"),
     ("registry/adapterversion", "restage", "registry/adapterversion"),
     ("registry/adapterversion", "promote", "registry/adapterversion"),
+    ("registry/adapterversion", "evaluate", "registry/adapterversion"),
+    ("registry/adapterversion", "override_quality", "registry/adapterversion"),
     ("registry/adapterversion", "pin", "registry/adapterversion"),
     ("registry/adapterversion", "unpin", "registry/adapterversion"),
     ("registry/alias", "pin", "registry/alias"),
@@ -260,7 +269,8 @@ def state() -> tuple:
     return (
         list(Tenant.objects.values("pk", "is_active")),
         list(ApiKey.objects.values("pk", "revoked_at")),
-        list(AdapterVersion.objects.values("pk", "status", "attempts")),
+        list(AdapterVersion.objects.values("pk", "status", "attempts", "quality")),
+        Evaluation.objects.count(),
         list(Alias.objects.values("pk", "name", "version_id")),
         AuditEvent.objects.count(),
     )

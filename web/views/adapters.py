@@ -20,7 +20,13 @@ from tenants.scopes import REGISTRY_READ, REGISTRY_WRITE
 from ..decorators import scope_required
 from ..forms import AdapterCreateForm, AliasSetForm
 from ..pages import render_page
-from ..selectors import TERMINAL, adapter_audit_trail, adapter_rows, rollback_targets
+from ..selectors import (
+    TERMINAL,
+    adapter_audit_trail,
+    adapter_rows,
+    evaluation_chart,
+    rollback_targets,
+)
 
 
 def _list_page(request, form, status=200):
@@ -70,7 +76,13 @@ def adapter_create(request):
 def adapter_detail(request, name):
     tenant = request.principal.tenant
     adapter = selectors.adapter_get(tenant=tenant, name=name)
-    versions = list(selectors.adapter_version_list(tenant=tenant, adapter_name=adapter.name))
+    versions = list(
+        selectors.adapter_version_list(tenant=tenant, adapter_name=adapter.name).prefetch_related(
+            "evaluations__eval_set", "reference_evaluation"
+        )
+    )
+    for version in versions:
+        version.evaluation, version.chart = evaluation_chart(version)
     aliases = list(selectors.alias_list(tenant=tenant, adapter_name=adapter.name))
     targets = rollback_targets(tenant=tenant, adapter=adapter, aliases=aliases)
     for alias in aliases:

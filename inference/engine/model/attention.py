@@ -25,15 +25,34 @@ def store_kv(
 
 
 def prefill_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: list[int], scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    ctx: ForwardContext,
+    caches: tuple[torch.Tensor, torch.Tensor],
+    scale: float,
 ) -> torch.Tensor:
-    """Causal attention of each prompt over itself. The prompt's keys and values were just
-    computed, so they are used directly instead of being read back from the cache."""
+    """Causal attention of each prefill chunk over its sequence so far. A chunk that starts
+    the sequence uses its just-computed keys and values directly; a later chunk (or one
+    after a cached prefix) reads the earlier ones from the cache, where this layer has
+    already stored the chunk's own."""
     out = torch.empty_like(q)
-    for start, end in zip(cu_seqlens[:-1], cu_seqlens[1:], strict=True):
-        qs, ks, vs = (t[start:end].transpose(0, 1).unsqueeze(0) for t in (q, k, v))
-        o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale, enable_gqa=True)
-        out[start:end] = o[0].transpose(0, 1)
+    bounds = zip(ctx.cu_seqlens[:-1], ctx.cu_seqlens[1:], strict=True)
+    for (begin, end), start, table in zip(
+        bounds, ctx.context_starts, ctx.prefill_block_tables, strict=True
+    ):
+        if table is None:
+            ks, vs, mask = k[begin:end], v[begin:end], None
+        else:
+            total = start + end - begin
+            ks, vs = (cache[table].flatten(0, 1)[:total] for cache in caches)
+            query_pos = torch.arange(start, total, device=q.device)
+            mask = torch.arange(total, device=q.device)[None, :] <= query_pos[:, None]
+        qs, ks, vs = (t.transpose(0, 1).unsqueeze(0) for t in (q[begin:end], ks, vs))
+        o = F.scaled_dot_product_attention(
+            qs, ks, vs, attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=True
+        )
+        out[begin:end] = o[0].transpose(0, 1)
     return out
 
 
@@ -86,12 +105,18 @@ class Attention(nn.Module):
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         if self.k_cache.numel():
             store_kv(self.k_cache, self.v_cache, k, v, ctx.slot_mapping)
-        if ctx.is_prefill:
+        if not ctx.has_decodes:
             self.k_buffer = self.v_buffer = None  # the next decode batch differs; free them now
-            assert ctx.cu_seqlens is not None, "a prefill step has its sequence bounds"
-            out = prefill_attention(q, k, v, ctx.cu_seqlens, self.scale)
-        else:
-            out = decode_attention(q, *self.decode_kv(k, v, ctx), ctx, self.scale)
+            return prefill_attention(
+                q, k, v, ctx, (self.k_cache, self.v_cache), self.scale
+            ).flatten(1)
+        p = ctx.num_prefill_tokens
+        out = q.new_empty(q.shape)
+        if p:
+            out[:p] = prefill_attention(
+                q[:p], k[:p], v[:p], ctx, (self.k_cache, self.v_cache), self.scale
+            )
+        out[p:] = decode_attention(q[p:], *self.decode_kv(k[p:], v[p:], ctx), ctx, self.scale)
         return out.flatten(1)
 
     def decode_kv(

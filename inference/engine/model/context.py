@@ -1,13 +1,14 @@
 """What one forward pass needs to know about its batch, beyond the token ids.
 
 The model runner builds a ForwardContext per step and sets it for the duration of the
-forward; attention reads it, and LoRA layers read their per-token adapter slots from it. It is thread-local so two engines in one process cannot see each other's batch.
+forward; attention reads it, and LoRA layers read their per-token adapter slots from it.
+It is thread-local so two engines in one process cannot see each other's batch.
 """
 
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -20,10 +21,15 @@ _local = threading.local()
 
 @dataclass
 class ForwardContext:
-    is_prefill: bool
+    """A step feeds prefill chunks first, then decodes (one token per sequence)."""
+
     slot_mapping: torch.Tensor  # [num_tokens] KV-cache slot each fed token is written to
-    # prefill: the sequences' tokens back to back; seq i is tokens cu_seqlens[i]:cu_seqlens[i+1]
-    cu_seqlens: list[int] | None = None
+    # prefill chunks: sequence i's tokens are cu_seqlens[i]:cu_seqlens[i+1], at positions
+    # from context_starts[i] on; one that starts past 0 attends over its earlier tokens in
+    # the cache, through prefill_block_tables[i] (its blocks; None when it starts at 0)
+    cu_seqlens: list[int] = field(default_factory=lambda: [0])
+    context_starts: list[int] = field(default_factory=list)
+    prefill_block_tables: list[torch.Tensor | None] = field(default_factory=list)
     # decode: one token per sequence, attending over its blocks
     block_tables: torch.Tensor | None = None  # [num_seqs, max_blocks], padded with block 0
     context_lens: torch.Tensor | None = None  # [num_seqs], the fed token included
@@ -36,6 +42,14 @@ class ForwardContext:
     refresh_decode_buffers: bool = True
     # the batch's adapters; None when no token uses one, so LoRA costs nothing
     lora: "LoRAStep | None" = None
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return self.cu_seqlens[-1]
+
+    @property
+    def has_decodes(self) -> bool:
+        return self.block_tables is not None
 
 
 def get_forward_context() -> ForwardContext:

@@ -14,7 +14,7 @@ class Command(BaseCommand):
     help = (
         "Import a base model: a bundled preset (converted into $LORAPLEX_MODELS_DIR/<name>) or a "
         "Hugging Face folder. A new revision of a known model queues a compatibility re-check of "
-        "every adapter version on it."
+        "every adapter version on it, then its re-evaluation (the quality gate)."
     )
 
     def add_arguments(self, parser):
