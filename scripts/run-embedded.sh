@@ -17,6 +17,11 @@ echo "$DEMO"
 KEY=$(echo "$DEMO" | tail -n 1)
 "$PY" manage.py demo_adapters
 
+# The worker reaches this process's engine (the quality gate's scoring, the admin's Engines
+# page) with an operator token; unless one is given, both share a fresh one for this run.
+export LORAPLEX_OPERATOR_TOKEN=${LORAPLEX_OPERATOR_TOKEN:-$("$PY" -c 'import secrets; print(secrets.token_urlsafe(32))')}
+export LORAPLEX_ENGINE_URLS=${LORAPLEX_ENGINE_URLS:-http://$HOST:$PORT}
+
 # -B: the same process runs Celery beat, which schedules the registry's periodic sweep.
 "$VENV/bin/celery" -A platform_site worker -B -P solo --loglevel INFO &
 WORKER=$!
