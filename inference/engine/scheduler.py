@@ -47,10 +47,6 @@ class ScheduledBatch:
     def seqs(self) -> list[Sequence]:
         return [seq for seq, _ in self.prefills] + self.decodes
 
-    @property
-    def num_tokens(self) -> int:
-        return sum(n for _, n in self.prefills) + len(self.decodes)
-
     def entries(self) -> list[tuple[Sequence, int]]:
         return self.prefills + [(seq, 1) for seq in self.decodes]
 
@@ -75,6 +71,7 @@ class Scheduler:
         self.running: list[Sequence] = []  # in the order they were admitted
         self.num_preemptions = 0
         self._admissions = itertools.count()
+        self._scheduled: set[int] = set()  # ids of the sequences in this step's batch
 
     def add(self, seq: Sequence) -> None:
         if self.lora is not None:
@@ -87,7 +84,7 @@ class Scheduler:
     def schedule(self) -> ScheduledBatch:
         """The next step's batch; empty when nothing can run."""
         batch = ScheduledBatch()
-        self._scheduled: set[int] = set()  # ids of the sequences in `batch`, never preempted
+        self._scheduled = set()  # those in `batch` are never preempted for this step
         budget = self.max_num_batched_tokens
         if self.waiting and self.lora is not None:
             self.lora.begin_schedule()
