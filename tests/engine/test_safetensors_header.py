@@ -470,10 +470,23 @@ def parse_seconds(data: bytes, repeats: int = 5) -> float:
     return best
 
 
+def best_growth_excess(small: bytes, large: bytes, k: int, attempts: int = 3) -> tuple:
+    """Time both sizes up to `attempts` times and keep the best ratio: a stray page fault or
+    timer tick can spoil one measurement, while quadratic work loses every time."""
+    best = (math.inf, 0.0, 0.0)
+    for _ in range(attempts):
+        t_small, t_large = parse_seconds(small), parse_seconds(large)
+        # 2 ms of slack for timer ticks in a parse of a fraction of a millisecond.
+        excess = t_large - (3 * k * t_small + 0.002)
+        best = min(best, (excess, t_small, t_large))
+        if excess <= 0:
+            break
+    return best
+
+
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(unit=st.sampled_from(sorted(UNITS)), size=st.integers(20_000, 50_000), k=st.just(8))
 def test_parse_time_grows_at_most_linearly_with_header_size(unit, size, k):
     small, large = grown(unit, size), grown(unit, k * size)
-    t_small, t_large = parse_seconds(small), parse_seconds(large)
-    # 2 ms of slack for timer ticks and page faults in a parse of a fraction of a millisecond.
-    assert t_large <= 3 * k * t_small + 0.002, (unit, len(small), t_small, len(large), t_large)
+    excess, t_small, t_large = best_growth_excess(small, large, k)
+    assert excess <= 0, (unit, len(small), t_small, len(large), t_large)
