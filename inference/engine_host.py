@@ -1,6 +1,7 @@
 """One engine per process, shared by every request: the bridge between Django and the engine.
 
-`serve` starts it before taking traffic (so /readyz tells the truth); a control-plane-only
+`serve` starts it before taking traffic (so /readyz tells the truth), with the adapters of
+LORAPLEX_LORA_MODULES loaded (inference/lora_modules.py); a control-plane-only
 replica runs with LORAPLEX_ENGINE=off and never loads a model. Adapters reach the engine
 as LoRARequests naming a staged folder; on a cache miss the engine calls `_fetch_adapter`
 (off its step thread), which stages the version from object storage once.
@@ -136,6 +137,11 @@ def check_engine() -> None:
 
 
 def host_engine_in_this_process():
-    """Called by `serve` when this process hosts the engine: /readyz now includes it."""
+    """Called by `serve` when this process hosts the engine: /readyz now includes it, and
+    LORAPLEX_LORA_MODULES are registered, loaded and pinned before it takes traffic."""
+    from .lora_modules import load_lora_modules  # it needs the operator's side: HOST, below
+
     READINESS_CHECKS["engine"] = check_engine
-    return HOST.start()
+    engine = HOST.start()
+    load_lora_modules(HOST)
+    return engine

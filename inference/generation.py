@@ -31,8 +31,10 @@ from tenants.principal import Principal
 from . import ratelimit, usage
 from .auth import inference_principal
 from .choices import ChoiceStreams
+from .constraints import compile_constraint
 from .engine_host import HOST
 from .errors import ContextLengthExceeded, ProtocolError
+from .max_tokens import max_tokens_for
 from .metrics import HTTP_REQUESTS
 from .openai_protocol import load_json, parse_chat_request, parse_completion_request
 from .openai_responses import SSE_DONE, CompletionBuilder, sse
@@ -78,8 +80,17 @@ async def prepare(request, kind: str) -> Prepared:
         tenant=principal.tenant, name=parsed.model, base_model_name=HOST.model.name
     )
     llm = engine.engine
+    if parsed.tool_use is not None and not llm.tokenizer.supports_tools:
+        raise ProtocolError(
+            "This model's chat template does not support tools: it would not show them to "
+            'the model. Send no tools, or tool_choice "none".',
+            param="tools",
+        )
     _refuse_overlong_text(parsed, llm)
-    prompt_ids = await sync_to_async(_prompt_ids, thread_sensitive=False)(llm.tokenizer, parsed)
+    tools = parsed.tool_use.template_tools() if parsed.tool_use is not None else None
+    prompt_ids = await sync_to_async(_prompt_ids, thread_sensitive=False)(
+        llm.tokenizer, parsed, tools
+    )
     room = llm.max_seq_len - len(prompt_ids)
     if room < 1:
         raise ContextLengthExceeded(
@@ -87,7 +98,7 @@ async def prepare(request, kind: str) -> Prepared:
             "including at least one generated token.",
             param="messages" if parsed.messages is not None else "prompt",
         )
-    max_tokens = parsed.max_tokens if parsed.max_tokens is not None else room
+    max_tokens = max_tokens_for(parsed.max_tokens, parsed.max_tokens_param, room)
     if max_tokens > room:
         param = parsed.max_tokens_param
         raise ContextLengthExceeded(
@@ -95,8 +106,11 @@ async def prepare(request, kind: str) -> Prepared:
             f"for {room} in this model's {llm.max_seq_len}-token context.",
             param=param,
         )
+    constrained: dict = {}  # the JSON the output must be, compiled off the event loop
+    if parsed.constraint is not None:
+        constrained["structured_output"] = await compile_constraint(engine, parsed.constraint)
     params = [
-        SamplingParams(max_tokens=max_tokens, **parsed.sampling_kwargs(choice))
+        SamplingParams(max_tokens=max_tokens, **parsed.sampling_kwargs(choice), **constrained)
         for choice in range(parsed.n)
     ]
     builder = CompletionBuilder(
@@ -105,6 +119,7 @@ async def prepare(request, kind: str) -> Prepared:
         logprobs=parsed.logprobs,
         n=parsed.n,
         prompt_logprobs=parsed.prompt_logprobs,
+        tool_use=parsed.tool_use,
         decode_token=lambda tid: llm.tokenizer.decode([tid], skip_special_tokens=False),
     )
     prepared = Prepared(
@@ -149,9 +164,12 @@ def _refuse_overlong_text(parsed, llm) -> None:
         )
 
 
-def _prompt_ids(tokenizer, parsed) -> list[int]:
+def _prompt_ids(tokenizer, parsed, tools: list[dict] | None = None) -> list[int]:
+    """`tools`: the function definitions the chat template shows the model."""
     if parsed.messages is not None:
-        text = tokenizer.apply_chat_template(parsed.messages, add_generation_prompt=True)
+        text = tokenizer.apply_chat_template(
+            parsed.messages, add_generation_prompt=True, tools=tools
+        )
         return tokenizer.encode(text, add_special_tokens=False)
     if isinstance(parsed.prompt, list):
         bad = [t for t in parsed.prompt if t >= tokenizer.vocab_size]

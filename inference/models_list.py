@@ -1,8 +1,11 @@
-"""GET /v1/models for one tenant: the base model, each adapter, and each adapter@alias."""
+"""GET /v1/models for one tenant: the base model, each adapter, and each adapter@alias; and
+GET /v1/models/{model}, one of those (the same names, so the two never disagree)."""
 
 from registry.model_names import alias_name
 from registry.models import AdapterVersion
 from registry.selectors import adapter_list, alias_list, base_model_served
+
+from .errors import ModelNotFound
 
 
 def models_for_tenant(*, tenant) -> list[dict]:
@@ -34,6 +37,14 @@ def models_for_tenant(*, tenant) -> list[dict]:
     ):
         data.append(_entry(alias_name(alias, qualified=False), alias.adapter, tenant, base.name))
     return data
+
+
+def model_for_tenant(*, tenant, model_id: str) -> dict:
+    """The listed model named `model_id`; another tenant's is as unknown as a missing one."""
+    for model in models_for_tenant(tenant=tenant):
+        if model["id"] == model_id:
+            return model
+    raise ModelNotFound(model_id, param="model")
 
 
 def _entry(model_id: str, adapter, tenant, base_name: str) -> dict:

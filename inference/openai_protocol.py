@@ -2,13 +2,18 @@
 
 Pure functions, no Django: every refusal is a `ProtocolError` naming the parameter, so a
 client learns at once that (say) `presence_penalty` is not supported instead of getting
-an answer that silently ignored it.
+an answer that silently ignored it. `response_format` is parsed in
+inference/response_format.py, `tools` and `tool_choice` in inference/tools.py.
 """
 
 import json
 from dataclasses import dataclass, field
 
+from .constraints import JsonConstraint
 from .errors import InvalidJson, ProtocolError, UnknownParameter, UnsupportedParameter
+from .fields import refuse_extra_fields
+from .response_format import parse_response_format
+from .tools import ToolUse, parse_tool_use
 
 MAX_TOP_LOGPROBS = 20
 MAX_STOP_SEQUENCES = 4
@@ -22,18 +27,17 @@ MAX_COUNT = 2**31 - 1  # max_tokens, top_k: far beyond any context or vocabulary
 
 # Accepted only at their neutral value: anything else would change the answer in a way
 # the engine does not implement.
-_NEUTRAL = {
+_NEUTRAL: dict[str, tuple] = {
     "presence_penalty": (0, 0.0),
     "frequency_penalty": (0, 0.0),
     "logit_bias": ({},),
     "best_of": (1,),
     "echo": (False,),
-    "parallel_tool_calls": (False,),
+    "parallel_tool_calls": (False,),  # the chat API takes tools; completions do not
     "tools": ([],),
-    "functions": ([],),
+    "functions": ([],),  # OpenAI's deprecated form of tools
     "tool_choice": ("none",),
     "function_call": ("none",),
-    "response_format": ({"type": "text"},),
     "suffix": ("",),
     "modalities": (["text"],),
 }
@@ -51,6 +55,7 @@ _COMMON = {
     "ignore_eos",
     "n",
     "prompt_logprobs",  # vLLM's extension: the prompt tokens' logprobs
+    "response_format",
 }
 CHAT_FIELDS = _COMMON | {
     "messages",
@@ -58,9 +63,16 @@ CHAT_FIELDS = _COMMON | {
     "max_completion_tokens",
     "logprobs",
     "top_logprobs",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
 }
 COMPLETION_FIELDS = _COMMON | {"prompt", "max_tokens", "logprobs"}
-CHAT_ROLES = {"system", "developer", "user", "assistant"}
+TEXT_ROLES = {"system", "developer", "user", "assistant"}
+CHAT_ROLES = TEXT_ROLES | {"tool"}
+_FIELDS = {"role", "content", "name"}
+_ASSISTANT_FIELDS = _FIELDS | {"tool_calls", "refusal"}
+_TOOL_FIELDS = {"role", "content", "tool_call_id"}
 
 
 @dataclass
@@ -83,6 +95,8 @@ class GenerationRequest:
     logprobs: int | None = None  # None: off; N: chosen token plus the top N
     n: int = 1  # choices: one engine request each
     prompt_logprobs: int | None = None  # None: off; N: each prompt token's plus the top N
+    constraint: JsonConstraint | None = None  # the output must be JSON (response_format, tools)
+    tool_use: ToolUse | None = None  # chat: tools shown to the model, calls read from its answer
 
     def sampling_kwargs(self, choice: int = 0) -> dict:
         """SamplingParams' arguments for choice `choice` (0 to n - 1). As in vLLM, choice i
@@ -115,7 +129,16 @@ def load_json(raw: bytes) -> dict:
 def parse_chat_request(body: dict) -> GenerationRequest:
     _refuse_unsupported(body, CHAT_FIELDS)
     request = _parse_common(body)
-    request.messages = _parse_messages(body.get("messages"))
+    request.messages = _parse_messages(body.get("messages"), with_tools=True)
+    request.tool_use = parse_tool_use(body)
+    forced = request.tool_use.forced_constraint() if request.tool_use else None
+    if request.tool_use is not None and request.constraint is not None:
+        raise ProtocolError(
+            'response_format cannot be combined with tools unless tool_choice is "none": '
+            "an answer held to a format leaves the model no way to call a tool.",
+            param="response_format",
+        )
+    request.constraint = forced or request.constraint
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     param = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
     request.max_tokens = _optional_positive_int(max_tokens, param)
@@ -141,10 +164,10 @@ def parse_completion_request(body: dict) -> GenerationRequest:
 
 
 def parse_chat_messages(messages) -> list[dict]:
-    """`messages` checked exactly as a chat request's (the registry's eval sets use it too):
-    a list of `{"role", "content"}` dicts with roles normalised, or a ProtocolError naming
-    the offending `messages[i]` field."""
-    return _parse_messages(messages)
+    """`messages` checked as a chat request's, without tool calls and tool results (the
+    registry's eval sets use it): a list of `{"role", "content"}` dicts with roles
+    normalised, or a ProtocolError naming the offending `messages[i]` field."""
+    return _parse_messages(messages, with_tools=False)
 
 
 def _refuse_unsupported(body: dict, allowed: set[str]):
@@ -211,6 +234,7 @@ def _parse_common(body: dict) -> GenerationRequest:
     request.ignore_eos = ignore_eos
     request.n = _parse_n(body.get("n"), request.seed)
     request.prompt_logprobs = _parse_prompt_logprobs(body.get("prompt_logprobs"), stream)
+    request.constraint = parse_response_format(body.get("response_format"))
     return request
 
 
@@ -255,22 +279,35 @@ def _parse_stop(stop) -> list[str]:
     return stops
 
 
-def _parse_messages(messages) -> list[dict]:
+def _parse_messages(messages, *, with_tools: bool = False) -> list[dict]:
+    """`with_tools`: assistant messages may carry `tool_calls`, and `tool` messages answer
+    them (each right after the calls it answers, as OpenAI requires)."""
     _require(
         isinstance(messages, list) and messages, "messages must be a non-empty list.", "messages"
     )
+    roles = CHAT_ROLES if with_tools else TEXT_ROLES
     parsed = []
+    pending: set[str] = set()  # ids of the latest tool calls no tool message answered yet
     for i, message in enumerate(messages):
         where = f"messages[{i}]"
         _require(isinstance(message, dict), f"{where} must be an object.", where)
         role = message.get("role")
         _require(
-            isinstance(role, str) and role in CHAT_ROLES,
-            f"{where}.role must be one of {', '.join(sorted(CHAT_ROLES))}; got {role!r}.",
+            isinstance(role, str) and role in roles,
+            f"{where}.role must be one of {', '.join(sorted(roles))}; got {role!r}.",
             f"{where}.role",
         )
-        extra = set(message) - {"role", "content", "name"}
-        _require(not extra, f"{where} has unsupported field(s): {', '.join(sorted(extra))}.", where)
+        if role == "tool":
+            parsed.append(_parse_tool_result(message, where, pending))
+            continue
+        pending = set()
+        if role == "assistant" and with_tools:
+            refuse_extra_fields(message, _ASSISTANT_FIELDS, where)
+            entry = _parse_assistant(message, where)
+            pending = {call["id"] for call in entry.get("tool_calls", [])}
+            parsed.append(entry)
+            continue
+        refuse_extra_fields(message, _FIELDS, where)
         content = _message_text(message.get("content"), where)
         if role != "assistant":
             _require(content.strip(), f"{where}.content must not be empty.", f"{where}.content")
@@ -281,6 +318,78 @@ def _parse_messages(messages) -> list[dict]:
         "messages",
     )
     return parsed
+
+
+def _parse_assistant(message: dict, where: str) -> dict:
+    """An assistant turn; its `tool_calls` go to the chat template as Hugging Face's templates
+    read them: each call's `arguments` an object, not OpenAI's JSON string."""
+    refusal = message.get("refusal")
+    _require(
+        refusal is None or isinstance(refusal, str),
+        f"{where}.refusal must be a string or null.",
+        f"{where}.refusal",
+    )
+    calls = _parse_tool_calls(message.get("tool_calls"), where)
+    content = message.get("content")
+    text = "" if content is None and calls else _message_text(content, where)
+    return {"role": "assistant", "content": text, **({"tool_calls": calls} if calls else {})}
+
+
+def _parse_tool_calls(calls, where: str) -> list[dict]:
+    if calls is None:
+        return []
+    _require(isinstance(calls, list), f"{where}.tool_calls must be a list.", f"{where}.tool_calls")
+    parsed = []
+    for j, call in enumerate(calls):
+        at = f"{where}.tool_calls[{j}]"
+        function = call.get("function") if isinstance(call, dict) else None
+        _require(
+            isinstance(call, dict)
+            and set(call) == {"id", "type", "function"}
+            and call["type"] == "function"
+            and isinstance(call["id"], str)
+            and call["id"]
+            and isinstance(function, dict)
+            and set(function) == {"name", "arguments"}
+            and isinstance(function["name"], str)
+            and isinstance(function["arguments"], str),
+            f'{at} must be {{"id": str, "type": "function", "function": {{"name": str, '
+            '"arguments": str}}}.',
+            at,
+        )
+        assert isinstance(function, dict)  # for mypy: checked above
+        try:
+            arguments = json.loads(function["arguments"])
+        except ValueError:
+            arguments = None
+        _require(
+            isinstance(arguments, dict),
+            f"{at}.function.arguments must be a JSON object, as a string.",
+            f"{at}.function.arguments",
+        )
+        parsed.append(
+            {
+                "id": call["id"],
+                "type": "function",
+                "function": {"name": function["name"], "arguments": arguments},
+            }
+        )
+    return parsed
+
+
+def _parse_tool_result(message: dict, where: str, pending: set[str]) -> dict:
+    """A tool's answer to one of the calls of the assistant message just before."""
+    refuse_extra_fields(message, _TOOL_FIELDS, where)
+    call_id = message.get("tool_call_id")
+    if not (isinstance(call_id, str) and call_id in pending):
+        raise ProtocolError(
+            f"{where}.tool_call_id must name a tool call of the assistant message before it "
+            f"that no tool message answered yet; got {call_id!r}.",
+            param=f"{where}.tool_call_id",
+        )
+    pending.discard(call_id)
+    content = _message_text(message.get("content"), where)
+    return {"role": "tool", "content": content, "tool_call_id": call_id}
 
 
 def _message_text(content, where: str) -> str:

@@ -11,6 +11,9 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from .tool_calls import CallReader, Delta, call_reader
+from .tools import ToolUse
+
 
 def sse(payload) -> bytes:
     data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
@@ -31,8 +34,10 @@ class Choice:
     index: int
     text: str = ""
     token_logprobs: list = field(default_factory=list)
+    text_offsets: list[int] = field(default_factory=list)  # where each token starts in `text`
     finish_reason: str | None = None
     completion_tokens: int = 0
+    calls: CallReader | None = None  # with tools: reads the tool calls out of `text`
 
 
 @dataclass
@@ -46,6 +51,7 @@ class CompletionBuilder:
     logprobs: int | None = None
     n: int = 1
     prompt_logprobs: int | None = None  # None: not asked for; k: the top k at each position
+    tool_use: ToolUse | None = None  # chat with tools: each choice's answer may hold calls
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: int = field(default_factory=lambda: int(time.time()))
     prompt_tokens: int = 0
@@ -53,7 +59,7 @@ class CompletionBuilder:
     choices: list[Choice] = field(init=False)
 
     def __post_init__(self) -> None:
-        self.choices = [Choice(index=i) for i in range(self.n)]
+        self.choices = [Choice(index=i, calls=call_reader(self.tool_use)) for i in range(self.n)]
 
     @property
     def object_id(self) -> str:
@@ -85,12 +91,24 @@ class CompletionBuilder:
             else []
         )
         choice.token_logprobs += entries
-        if output.finished:
-            choice.finish_reason = output.finish_reason  # "stop", "length", "abort" (shutdown)
-        if not output.new_text and not output.finished and not entries:
+        choice.text_offsets += _offsets(len(choice.text) - len(output.new_text), entries)
+        delta = Delta(content=output.new_text)
+        if choice.calls is not None:
+            delta = choice.calls.feed(output.new_text)
+            if output.finished:
+                delta += choice.calls.finish()
+        if output.finished:  # "stop", "length", "abort" (shutdown); "tool_calls"
+            choice.finish_reason = output.finish_reason
+            if choice.calls is not None:
+                choice.finish_reason = choice.calls.finish_reason(output.finish_reason)
+        if not (delta.content or delta.tool_calls or output.finished or entries):
             return None
         return self._chunk(
-            index, output.new_text, entries, choice.finish_reason if output.finished else None
+            index,
+            delta.content,
+            entries,
+            choice.finish_reason if output.finished else None,
+            delta.tool_calls,
         )
 
     def first_chunks(self) -> list[dict]:
@@ -132,35 +150,45 @@ class CompletionBuilder:
 
     def _final_choice(self, c: Choice) -> dict:
         if self.kind == "chat":
+            message: dict = {"role": "assistant", "content": c.text, "refusal": None}
+            if c.calls is not None:
+                message["content"] = c.calls.content
+                if c.calls.calls:
+                    message["tool_calls"] = c.calls.calls
             return {
                 "index": c.index,
-                "message": {"role": "assistant", "content": c.text},
-                "logprobs": {"content": c.token_logprobs} if self.logprobs is not None else None,
+                "message": message,
+                "logprobs": self._chat_logprobs(c.token_logprobs),
                 "finish_reason": c.finish_reason,
             }
         choice = {
             "index": c.index,
             "text": c.text,
-            "logprobs": self._text_logprobs(c.token_logprobs),
+            "logprobs": self._text_logprobs(c.token_logprobs, c.text_offsets),
             "finish_reason": c.finish_reason,
         }
         if self.prompt_logprobs is not None:  # vLLM: in each choice of a completion
             choice["prompt_logprobs"] = self.prompt_logprob_entries
         return choice
 
-    def _chunk(self, index: int, text: str, entries: list, finish_reason) -> dict:
+    def _chunk(
+        self, index: int, text: str, entries: list, finish_reason, tool_calls: list | None = None
+    ) -> dict:
         if self.kind == "chat":
+            delta: dict = {"content": text} if text else {}
+            if tool_calls:
+                delta["tool_calls"] = tool_calls
             choice = {
                 "index": index,
-                "delta": {"content": text} if text else {},
-                "logprobs": {"content": entries} if self.logprobs is not None else None,
+                "delta": delta,
+                "logprobs": self._chat_logprobs(entries),
                 "finish_reason": finish_reason,
             }
             return self._envelope("chat.completion.chunk", [choice])
         choice = {
             "index": index,
             "text": text,
-            "logprobs": self._text_logprobs(entries),
+            "logprobs": self._text_logprobs(entries, self._last_offsets(index, len(entries))),
             "finish_reason": finish_reason,
         }
         return self._envelope("text_completion", [choice])
@@ -209,7 +237,15 @@ class CompletionBuilder:
             )
         return entry
 
-    def _text_logprobs(self, entries: list) -> dict | None:
+    def _last_offsets(self, index: int, count: int) -> list[int]:
+        """The offsets of choice `index`'s latest `count` tokens, those of a stream chunk."""
+        return self.choices[index].text_offsets[-count:] if count else []
+
+    def _chat_logprobs(self, entries: list) -> dict | None:
+        """OpenAI's shape: `refusal` holds a refusal's tokens; this server never refuses so."""
+        return {"content": entries, "refusal": None} if self.logprobs is not None else None
+
+    def _text_logprobs(self, entries: list, offsets: list[int]) -> dict | None:
         """The legacy completions API has its own parallel-list layout."""
         if self.logprobs is None:
             return None
@@ -219,5 +255,16 @@ class CompletionBuilder:
             "top_logprobs": [
                 {t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries
             ],
-            "text_offset": [],
+            "text_offset": offsets,
         }
+
+
+def _offsets(start: int, entries: list) -> list[int]:
+    """Each token's start in the choice's text: its delta's text begins at `start`, and the
+    delta's tokens follow one another (a token held back from the text, as the start of a
+    possible stop string, still gets a place)."""
+    offsets = []
+    for entry in entries:
+        offsets.append(start)
+        start += len(entry["token"])
+    return offsets

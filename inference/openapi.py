@@ -17,6 +17,7 @@ from .openai_protocol import (
     MAX_STOP_SEQUENCES,
     MAX_TOP_LOGPROBS,
 )
+from .tools import MAX_TOOLS
 
 OPENAI_TAG = "OpenAI-compatible"
 OPERATOR_TAG = "Operators"
@@ -52,6 +53,7 @@ def _errors(*statuses: int) -> dict[str, dict]:
     }
 
 
+_NAME_PATTERN = "^[a-zA-Z0-9_-]{1,64}$"  # OpenAI's rule for schema and function names
 _SAMPLING = {
     "model": {
         "type": "string",
@@ -112,8 +114,56 @@ _SAMPLING = {
         "with `stream`.",
     },
     "user": {"type": "string"},
+    "response_format": {
+        "nullable": True,
+        "description": "`text` (no effect), `json_object` (any JSON object) or `json_schema` "
+        "(JSON valid against `schema`; `strict` is accepted either way). A schema feature the "
+        "grammar engine cannot enforce is a 400 naming it.",
+        "oneOf": [
+            {
+                "type": "object",
+                "required": ["type"],
+                "properties": {"type": {"type": "string", "enum": ["text", "json_object"]}},
+                "additionalProperties": False,
+            },
+            {
+                "type": "object",
+                "required": ["type", "json_schema"],
+                "properties": {
+                    "type": {"type": "string", "enum": ["json_schema"]},
+                    "json_schema": {
+                        "type": "object",
+                        "required": ["name", "schema"],
+                        "properties": {
+                            "name": {"type": "string", "pattern": _NAME_PATTERN},
+                            "schema": {"type": "object"},
+                            "strict": {"type": "boolean", "nullable": True},
+                            "description": {"type": "string"},
+                        },
+                        "additionalProperties": False,
+                    },
+                },
+                "additionalProperties": False,
+            },
+        ],
+    },
 }
-_MAX_TOKENS = {"type": "integer", "minimum": 1, "maximum": MAX_COUNT, "nullable": True}
+_MAX_TOKENS_BOUNDS = (
+    "At most the deployment's cap (LORAPLEX_MAX_TOKENS_CAP, when set; more is a 400) and what "
+    "the prompt leaves of the context."
+)
+_MAX_TOKENS = {
+    "type": "integer",
+    "minimum": 1,
+    "maximum": MAX_COUNT,
+    "nullable": True,
+    "description": _MAX_TOKENS_BOUNDS,
+}
+_CHAT_MAX_TOKENS = {
+    **_MAX_TOKENS,
+    "description": "Unset or null: the deployment's default (LORAPLEX_DEFAULT_MAX_TOKENS), "
+    "within the cap and the context. " + _MAX_TOKENS_BOUNDS,
+}
 
 
 def _excludes(option: str, switch: str) -> dict:
@@ -145,11 +195,15 @@ SCHEMAS: dict[str, dict[str, Any]] = {
         "properties": {
             "error": {
                 "type": "object",
-                "required": ["message", "type", "code"],
+                "required": ["message", "type", "param", "code"],
                 "properties": {
                     "message": {"type": "string"},
                     "type": {"type": "string"},
-                    "param": {"type": "string", "nullable": True},
+                    "param": {
+                        "type": "string",
+                        "nullable": True,
+                        "description": "The request field at fault; null when no one field is.",
+                    },
                     "code": {"type": "string", "description": "See docs/errors.md."},
                 },
             }
@@ -162,17 +216,70 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     },
     "ChatMessage": {
         "type": "object",
-        "required": ["role", "content"],
+        "required": ["role"],
+        "description": "`content` is required except in an assistant's message with "
+        "`tool_calls`; a `tool` message answers a call of the assistant message just before it.",
         "properties": {
-            "role": {"type": "string", "enum": ["system", "developer", "user", "assistant"]},
+            "role": {
+                "type": "string",
+                "enum": ["system", "developer", "user", "assistant", "tool"],
+            },
             "content": {
                 "description": "Not blank, except in an assistant's message.",
+                "nullable": True,
                 "oneOf": [
                     {"type": "string", "pattern": "\\S"},
                     {"type": "array", "items": _ref("TextPart"), "minItems": 1},
                 ],
             },
             "name": {"type": "string"},
+            "refusal": {"type": "string", "nullable": True, "description": "Assistant only."},
+            "tool_calls": {
+                "type": "array",
+                "items": _ref("ToolCall"),
+                "description": "Assistant only: the calls it made.",
+            },
+            "tool_call_id": {"type": "string", "description": "Tool only: the call answered."},
+        },
+        "additionalProperties": False,
+    },
+    "ToolCall": {
+        "type": "object",
+        "required": ["id", "type", "function"],
+        "properties": {
+            "id": {"type": "string", "minLength": 1},
+            "type": {"type": "string", "enum": ["function"]},
+            "function": {
+                "type": "object",
+                "required": ["name", "arguments"],
+                "properties": {
+                    "name": {"type": "string"},
+                    "arguments": {"type": "string", "description": "A JSON object, as text."},
+                },
+                "additionalProperties": False,
+            },
+        },
+        "additionalProperties": False,
+    },
+    "Tool": {
+        "type": "object",
+        "required": ["type", "function"],
+        "properties": {
+            "type": {"type": "string", "enum": ["function"]},
+            "function": {
+                "type": "object",
+                "required": ["name"],
+                "properties": {
+                    "name": {"type": "string", "pattern": _NAME_PATTERN},
+                    "description": {"type": "string"},
+                    "parameters": {
+                        "type": "object",
+                        "description": 'A JSON Schema with "type": "object".',
+                    },
+                    "strict": {"type": "boolean", "nullable": True},
+                },
+                "additionalProperties": False,
+            },
         },
         "additionalProperties": False,
     },
@@ -188,10 +295,43 @@ SCHEMAS: dict[str, dict[str, Any]] = {
         "properties": {
             **_SAMPLING,
             "messages": {"type": "array", "items": _ref("ChatMessage"), "minItems": 1},
-            "max_tokens": _MAX_TOKENS,
-            "max_completion_tokens": _MAX_TOKENS,
+            "max_tokens": _CHAT_MAX_TOKENS,
+            "max_completion_tokens": _CHAT_MAX_TOKENS,
             "logprobs": {"type": "boolean"},
             "top_logprobs": {"type": "integer", "minimum": 0, "maximum": MAX_TOP_LOGPROBS},
+            "tools": {
+                "type": "array",
+                "items": _ref("Tool"),
+                "maxItems": MAX_TOOLS,
+                "description": "Function tools, for a base model whose chat template shows "
+                "tools (else a 400, unless `tool_choice` is `none`). Names are unique.",
+            },
+            "tool_choice": {
+                "description": "`auto` (the default with tools: calls are read from the "
+                "answer), `none` (tools not shown), `required` (one or more calls, arguments "
+                "held to each tool's `parameters`) or one named function.",
+                "oneOf": [
+                    {"type": "string", "enum": ["none", "auto", "required"]},
+                    {
+                        "type": "object",
+                        "required": ["type", "function"],
+                        "properties": {
+                            "type": {"type": "string", "enum": ["function"]},
+                            "function": {
+                                "type": "object",
+                                "required": ["name"],
+                                "properties": {"name": {"type": "string"}},
+                                "additionalProperties": False,
+                            },
+                        },
+                        "additionalProperties": False,
+                    },
+                ],
+            },
+            "parallel_tool_calls": {
+                "type": "boolean",
+                "description": "false: at most one call per answer.",
+            },
         },
     },
     "CompletionRequest": {
@@ -212,7 +352,12 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                     },
                 ]
             },
-            "max_tokens": {**_MAX_TOKENS, "default": 16},
+            "max_tokens": {
+                **_MAX_TOKENS,
+                "default": 16,
+                "description": "Unset: 16, as OpenAI's; null: the deployment's default "
+                "(LORAPLEX_DEFAULT_MAX_TOKENS). " + _MAX_TOKENS_BOUNDS,
+            },
             "logprobs": {"type": "integer", "minimum": 0, "maximum": MAX_TOP_LOGPROBS},
         },
     },
@@ -277,25 +422,28 @@ SCHEMAS: dict[str, dict[str, Any]] = {
             },
         },
     },
+    "Model": {
+        "type": "object",
+        "required": ["id", "object", "created", "owned_by"],
+        "properties": {
+            "id": {"type": "string", "description": "What `model` names in a request."},
+            "object": {"type": "string", "enum": ["model"]},
+            "created": {"type": "integer"},
+            "owned_by": {"type": "string", "description": "`loraplex`, or the tenant's slug."},
+            "root": {"type": "string", "description": "The base model."},
+            "parent": {
+                "type": "string",
+                "nullable": True,
+                "description": "An adapter's base model; null for the base model itself.",
+            },
+        },
+    },
     "ModelList": {
         "type": "object",
         "required": ["object", "data"],
         "properties": {
             "object": {"type": "string", "enum": ["list"]},
-            "data": {
-                "type": "array",
-                "items": {
-                    "type": "object",
-                    "required": ["id", "object"],
-                    "properties": {
-                        "id": {"type": "string"},
-                        "object": {"type": "string", "enum": ["model"]},
-                        "created": {"type": "integer"},
-                        "owned_by": {"type": "string"},
-                        "parent": {"type": "string", "nullable": True},
-                    },
-                },
-            },
+            "data": {"type": "array", "items": _ref("Model")},
         },
     },
     "LoraName": {
@@ -307,6 +455,30 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                 "description": "`<tenant>/<adapter>[@alias|:n]`",
             }
         },
+        "additionalProperties": False,
+    },
+    "LoadLora": {
+        "type": "object",
+        "required": [protocol.LORA_NAME],
+        "additionalProperties": False,
+        "properties": {
+            protocol.LORA_NAME: {
+                "type": "string",
+                "description": "`<tenant>/<adapter>[@alias|:n]`; with `lora_path`, "
+                "`<tenant>/<adapter>`.",
+            },
+            protocol.LORA_PATH: {
+                "type": "string",
+                "description": "vLLM's: an absolute folder under LORAPLEX_LORA_PATH_ROOTS or "
+                "`s3://bucket/prefix/` (a bucket in LORAPLEX_S3_IMPORT_BUCKETS), registered as "
+                "the adapter's next version through validation and the quality gate.",
+            },
+            protocol.LOAD_INPLACE: {
+                "type": "boolean",
+                "description": "vLLM's: replace an adapter whose newest version holds other "
+                "files (without it: 409).",
+            },
+        },
     },
     "OperatorResult": {
         "type": "object",
@@ -314,6 +486,8 @@ SCHEMAS: dict[str, dict[str, Any]] = {
             protocol.LORA_NAME: {"type": "string"},
             "action": {"type": "string"},
             "status": {"type": "string", "enum": ["ok"]},
+            "version": {"type": "string", "description": "With `lora_path`: `tenant/adapter:n`."},
+            "created": {"type": "boolean", "description": "With `lora_path`: a new version."},
         },
     },
     "LoadedAdapters": {
@@ -369,7 +543,7 @@ def _generation(summary: str, request_schema: str, operation_id: str) -> dict:
     }
 
 
-def _operator_action(action: str, summary: str) -> dict:
+def _operator_action(action: str, summary: str, body: str = "LoraName") -> dict:
     return {
         "post": {
             "operationId": f"operator_{action}",
@@ -378,7 +552,7 @@ def _operator_action(action: str, summary: str) -> dict:
             "security": OPERATOR_AUTH,
             "requestBody": {
                 "required": True,
-                "content": {"application/json": {"schema": _ref("LoraName")}},
+                "content": {"application/json": {"schema": _ref(body)}},
             },
             "responses": {
                 "200": {
@@ -415,7 +589,33 @@ PATHS: dict[str, dict] = {
             },
         }
     },
-    protocol.path(protocol.LOAD): _operator_action(protocol.LOAD, "Load and pin an adapter"),
+    "/v1/models/{model}": {
+        "get": {
+            "operationId": "model",
+            "summary": "One of the models GET /v1/models lists",
+            "tags": [OPENAI_TAG],
+            "security": KEY_OR_SESSION,
+            "parameters": [
+                {
+                    "name": "model",
+                    "in": "path",
+                    "required": True,
+                    "schema": {"type": "string"},
+                    "description": "A model's `id`: the base model, `adapter` or `adapter@alias`.",
+                }
+            ],
+            "responses": {
+                "200": {
+                    "description": "The model.",
+                    "content": {"application/json": {"schema": _ref("Model")}},
+                },
+                **_errors(401, 403, 404, 405),
+            },
+        }
+    },
+    protocol.path(protocol.LOAD): _operator_action(
+        protocol.LOAD, "Load and pin an adapter (vLLM's body: files by `lora_path`)", "LoadLora"
+    ),
     protocol.path(protocol.UNLOAD): _operator_action(protocol.UNLOAD, "Unload an adapter"),
     protocol.path(protocol.PIN): _operator_action(protocol.PIN, "Pin an adapter in a slot"),
     protocol.path(protocol.UNPIN): _operator_action(protocol.UNPIN, "Let the LRU evict it again"),

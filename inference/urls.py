@@ -7,6 +7,7 @@ urlpatterns = [
     path("chat/completions", views.chat_completions, name="chat-completions"),
     path("completions", views.completions, name="completions"),
     path("models", views.models, name="models"),
+    path("models/<path:model_id>", views.model, name="model"),  # a base model's name may hold "/"
     # The operator protocol, one route per action: any other path is a plain 404.
     path(protocol.LOAD, views.load_lora_adapter, name="operator-load"),
     path(protocol.UNLOAD, views.unload_lora_adapter, name="operator-unload"),

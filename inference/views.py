@@ -18,8 +18,7 @@ from . import metrics, operator
 from . import operator_protocol as protocol
 from .auth import authorize_scrape, inference_principal
 from .generation import prepare, respond_json, respond_stream
-from .models_list import models_for_tenant
-from .openai_protocol import load_json
+from .models_list import model_for_tenant, models_for_tenant
 
 
 def json_endpoint(view):
@@ -77,6 +76,14 @@ async def models(request):
 
 
 @json_endpoint
+async def model(request, model_id: str):
+    require_method(request, "GET")
+    principal = await sync_to_async(inference_principal)(request, scope=INFERENCE)
+    found = await sync_to_async(model_for_tenant)(tenant=principal.tenant, model_id=model_id)
+    return JsonResponse(found)
+
+
+@json_endpoint
 async def prometheus_metrics(request):
     require_method(request, "GET")
     authorize_scrape(request)
@@ -88,11 +95,17 @@ async def prometheus_metrics(request):
 
 
 async def _operate(request, action: str, perform) -> JsonResponse:
-    await sync_to_async(operator.authorize)(request)
+    actor = await sync_to_async(operator.authorize)(request)
     require_method(request, "POST")
-    lora_name = load_json(request.body or b"{}").get(protocol.LORA_NAME)
-    await perform(lora_name)
-    return JsonResponse({protocol.LORA_NAME: lora_name, "action": action, "status": "ok"})
+    call = operator.parse_call(request.body or b"{}", action=action)
+    try:
+        done = await perform(call, actor)
+    except operator.AdapterRejected as exc:  # answered with the whole validation report
+        metrics.HTTP_REQUESTS.labels(endpoint="refused", status=str(exc.status)).inc()
+        return operator.rejection_response(exc)
+    return JsonResponse(
+        {protocol.LORA_NAME: call.lora_name, "action": action, "status": "ok", **done}
+    )
 
 
 @json_endpoint

@@ -89,3 +89,32 @@ def quality_gate_factors(app_configs, **kwargs) -> list[Error]:
             )
         )
     return errors
+
+
+# /v1/completions asks for OpenAI's 16 tokens when a request names no max_tokens.
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+
+
+@register()
+def max_tokens_limits(app_configs, **kwargs) -> list[Error]:
+    """The max_tokens default and cap (inference/max_tokens.py): 0 turns either off."""
+    errors = []
+    for variable, value in (
+        ("LORAPLEX_DEFAULT_MAX_TOKENS", settings.DEFAULT_MAX_TOKENS),
+        ("LORAPLEX_MAX_TOKENS_CAP", settings.MAX_TOKENS_CAP),
+    ):
+        if value < 0:
+            errors.append(
+                Error(f"{variable} is {value}.", hint="Use 0 (off) or more.", id="loraplex.E020")
+            )
+    if 0 < settings.MAX_TOKENS_CAP < COMPLETIONS_DEFAULT_MAX_TOKENS:
+        errors.append(
+            Error(
+                f"LORAPLEX_MAX_TOKENS_CAP is {settings.MAX_TOKENS_CAP}: /v1/completions would "
+                f"refuse every request without max_tokens (OpenAI's default is "
+                f"{COMPLETIONS_DEFAULT_MAX_TOKENS}).",
+                hint=f"Use 0 (no cap) or {COMPLETIONS_DEFAULT_MAX_TOKENS} or more.",
+                id="loraplex.E021",
+            )
+        )
+    return errors

@@ -1,21 +1,22 @@
 """Every exception becomes one ApiError, and every ApiError one answer: OpenAI's error shape.
 
-`to_api_error` is the one mapping both transports share: the DRF views answer through
+`to_api_error` is the one mapping every transport shares: the DRF views answer through
 `openai_exception_handler` (settings.REST_FRAMEWORK's EXCEPTION_HANDLER), the async /v1
-views through `json_error_response`. Anything unexpected is a bug, answered as a 500 whose
-message carries an id that is also logged with the traceback, so a client's report leads
-to it; a caller's mistake is always an ApiError, never a 500.
+views through `json_error_response`, and what no view answers (an unknown path, a failing
+middleware) through Django's error handlers (platform_site/error_pages.py). Anything
+unexpected is a bug, answered as a 500 whose message carries an id that is also logged with
+the traceback, so a client's report leads to it; a caller's mistake is always an ApiError,
+never a 500.
 """
 
 import logging
 import uuid
 
+from django.core.exceptions import BadRequest, RequestDataTooBig, SuspiciousOperation
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
-from django.core.exceptions import RequestDataTooBig
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.http import Http404, JsonResponse
 from rest_framework import exceptions as drf
-from rest_framework.response import Response
 from rest_framework.views import set_rollback
 
 from inference import errors as inference_errors
@@ -60,6 +61,8 @@ DRF_ERRORS = {
     DjangoPermissionDenied: errors.InsufficientPermissions,
     Http404: errors.NotFound,
     RequestDataTooBig: errors.RequestTooLarge,  # a form field past DATA_UPLOAD_MAX_MEMORY_SIZE
+    BadRequest: errors.ApiError,
+    SuspiciousOperation: errors.ApiError,  # a bad Host header, too many form fields, ...
 }
 # Answered in our words: DRF's NotAuthenticated does not say what to send, and a 404's
 # own text could tell another tenant's object from a missing one.
@@ -68,6 +71,8 @@ _OWN_WORDS = {
     Http404: "Not found.",
     DjangoPermissionDenied: "You do not have permission to perform this action.",
     RequestDataTooBig: "A form field is larger than this server accepts (LORAPLEX_MAX_REQUEST_BYTES).",
+    # Its details (an unknown Host, the ALLOWED_HOSTS hint) are for the server's log.
+    SuspiciousOperation: "The request was refused as malformed.",
 }
 
 
@@ -94,9 +99,10 @@ def _from_framework(exc: BaseException, api_error: type[errors.ApiError]) -> err
         return api_error(words)
     if isinstance(exc, DjangoValidationError):
         detail: object = exc.message_dict if hasattr(exc, "error_dict") else exc.messages
-    else:
-        assert isinstance(exc, drf.APIException), "the rest of DRF_ERRORS are DRF's"
+    elif isinstance(exc, drf.APIException):
         detail = exc.detail
+    else:  # Django's BadRequest: its message is for the caller
+        detail = str(exc) or errors.ApiError.message
     message, param = _first_problem(detail)
     return api_error(message, param=param)
 
@@ -122,21 +128,23 @@ def _internal_error(exc: BaseException) -> errors.ApiError:
 
 
 def error_body(error: errors.ApiError) -> dict:
-    body = {
-        "message": error.message,
-        "type": _TYPE_BY_STATUS.get(error.status, "api_error"),
-        "code": error.code,
+    """OpenAI's `Error` object: `param` is always there (null when no one field is at fault)."""
+    return {
+        "error": {
+            "message": error.message,
+            "type": _TYPE_BY_STATUS.get(error.status, "api_error"),
+            "param": error.param,
+            "code": error.code,
+        }
     }
-    if error.param is not None:
-        body["param"] = error.param
-    return {"error": body}
 
 
-def openai_exception_handler(exc, context) -> Response:
-    """DRF's EXCEPTION_HANDLER: every exception a DRF view raises is answered here."""
+def openai_exception_handler(exc, context) -> JsonResponse:
+    """DRF's EXCEPTION_HANDLER: every exception a DRF view raises is answered here. A plain
+    JsonResponse, not DRF's Response, so no renderer the request negotiated (the browsable
+    API's HTML, the schema view's YAML) can render the error in another format."""
     set_rollback()
-    error = to_api_error(exc)
-    return Response(error_body(error), status=error.status, headers=error.headers)
+    return json_error_response(exc)
 
 
 def json_error_response(exc: BaseException) -> JsonResponse:

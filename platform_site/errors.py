@@ -46,6 +46,10 @@ class NotFound(ApiError, status=404, code="not_found"):
     """No such object, or not the caller's: the same answer either way."""
 
 
+class UnknownPath(NotFound, status=404, code="unknown_path"):
+    """No endpoint at this path (under /v1/ or /api/): a typo, or an API this server lacks."""
+
+
 class MethodNotAllowed(ApiError, status=405, code="method_not_allowed"):
     """The path exists but not with this HTTP method; `Allow` lists those it takes."""
 

@@ -2,16 +2,20 @@
 
 /healthz answers as long as the process runs (no dependencies), so an orchestrator restarts
 only a hung process; /readyz checks what a request needs, so traffic waits for a dead
-database or broker to come back instead of failing.
+database or broker to come back instead of failing. Both answer JSON only, a wrong method
+included (no CSRF check: they change nothing and probes carry no cookies).
 """
 
 import logging
+from functools import wraps
 
 from django.db import connection
 from django.http import JsonResponse
-from django.views.decorators.http import require_GET
+from django.views.decorators.csrf import csrf_exempt
 
 from .celery import app as celery_app
+from .error_responses import json_error_response
+from .errors import MethodNotAllowed
 
 logger = logging.getLogger(__name__)
 READINESS_CHECKS = {}
@@ -39,12 +43,25 @@ def check_broker() -> None:
         conn.ensure_connection(max_retries=1, timeout=2)
 
 
-@require_GET
+def probe(view):
+    """GET only; any other method is a JSON 405."""
+
+    @csrf_exempt
+    @wraps(view)
+    def answer(request):
+        if request.method != "GET":
+            return json_error_response(MethodNotAllowed("Use GET.", headers={"Allow": "GET"}))
+        return view(request)
+
+    return answer
+
+
+@probe
 def healthz(request):
     return JsonResponse({"status": "ok"})
 
 
-@require_GET
+@probe
 def readyz(request):
     failed = []
     for name, check in READINESS_CHECKS.items():

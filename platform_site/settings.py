@@ -28,6 +28,8 @@ else:
     SECRET_KEY = env.str("SECRET_KEY", default="") or development_secret_key(VAR_DIR)
     ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
+# JSON in OpenAI's error shape under /v1/ and /api/ (platform_site/error_pages.py).
+CSRF_FAILURE_VIEW = "platform_site.error_pages.csrf_failure"
 # Rotating SECRET_KEY must not invalidate every API key, so keys get their own HMAC secret.
 API_KEY_HMAC_SECRET = env.str("LORAPLEX_API_KEY_SECRET", default=SECRET_KEY)
 
@@ -54,7 +56,7 @@ MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
-    "django.middleware.common.CommonMiddleware",
+    "platform_site.api_paths.CommonMiddleware",  # Django's, but no slash redirects on the API
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
@@ -308,6 +310,13 @@ ENGINE_OPTIONS = {
     "enable_chunked_prefill": env.bool("LORAPLEX_ENABLE_CHUNKED_PREFILL", default=True),
 }
 PINNED_ADAPTERS = env.list("LORAPLEX_PINNED_ADAPTERS", default=[])  # "tenant/adapter[@alias]"
+# vLLM's operator calls (inference/operator.py): `tenant/adapter=path` entries (spaces between
+# them) registered, loaded and pinned at start-up; the local folders a `lora_path` may name
+# (none by default; S3 buckets: LORAPLEX_S3_IMPORT_BUCKETS); how long a load waits for the
+# quality gate's verdict before answering that it is still pending.
+LORA_MODULES = env.str("LORAPLEX_LORA_MODULES", default="").split()
+LORA_PATH_ROOTS = env.list("LORAPLEX_LORA_PATH_ROOTS", default=[])
+LORA_LOAD_WAIT_SECONDS = env.float("LORAPLEX_LORA_LOAD_WAIT_SECONDS", default=300.0)
 DRAIN_SECONDS = env.int("LORAPLEX_DRAIN_SECONDS", default=30)
 RATE_LIMIT_REQUESTS_PER_MINUTE = env.int(
     "LORAPLEX_RATE_LIMIT_RPM", default=600
@@ -315,6 +324,11 @@ RATE_LIMIT_REQUESTS_PER_MINUTE = env.int(
 RATE_LIMIT_TOKENS_PER_MINUTE = env.int(
     "LORAPLEX_RATE_LIMIT_TPM", default=200_000
 )  # per tenant; 0 = off
+# max_tokens (inference/max_tokens.py): a chat request without one generates at most
+# DEFAULT_MAX_TOKENS (0: up to the end of the context); one asking for more than
+# MAX_TOKENS_CAP is refused (0: no cap but the context).
+DEFAULT_MAX_TOKENS = env.int("LORAPLEX_DEFAULT_MAX_TOKENS", default=1024)
+MAX_TOKENS_CAP = env.int("LORAPLEX_MAX_TOKENS_CAP", default=0)
 TENANT_MAX_CONCURRENCY = env.int(
     "LORAPLEX_TENANT_MAX_CONCURRENCY", default=32
 )  # per process; 0 = off

@@ -20,3 +20,9 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
     path("", include("web.urls")),  # the tenant members' pages: last, they own the root
 ]
+
+# What no view answers: JSON in OpenAI's error shape under /v1/ and /api/, HTML elsewhere.
+handler400 = "platform_site.error_pages.bad_request"
+handler403 = "platform_site.error_pages.permission_denied"
+handler404 = "platform_site.error_pages.page_not_found"
+handler500 = "platform_site.error_pages.server_error"

@@ -182,13 +182,19 @@ def parse_s3_source(source: str, *, tenant: Tenant) -> S3Location:
             f"{location} is not under an import prefix of this tenant ({listed})",
             param="source",
         )
+    check_import_bucket(location)
+    return location
+
+
+def check_import_bucket(location: S3Location) -> None:
+    """Imports (a tenant's, an operator's `lora_path`) read only buckets an operator opened,
+    never the deployment's own: it holds every tenant's stored versions."""
     if location.bucket == settings.S3_BUCKET or location.bucket not in settings.S3_IMPORT_BUCKETS:
         raise SourceNotAllowed(
             f"bucket {location.bucket!r} is not open for imports on this deployment "
             "(LORAPLEX_S3_IMPORT_BUCKETS)",
             param="source",
         )
-    return location
 
 
 def _s3_client():

@@ -15,6 +15,7 @@ PY="$VENV/bin/python"
 DEMO=$("$PY" manage.py bootstrap_demo)
 echo "$DEMO"
 KEY=$(echo "$DEMO" | tail -n 1)
+# The demo tenant's trained adapters (registry/demo): demo-french, demo-json, demo-pirate.
 "$PY" manage.py demo_adapters
 
 # The worker reaches this process's engine (the quality gate's scoring, the admin's Engines
@@ -33,12 +34,12 @@ Loraplex is starting on http://$HOST:$PORT/  (web UI sign-in and API docs: see R
 
   curl http://$HOST:$PORT/v1/chat/completions \\
     -H "Authorization: Bearer $KEY" -H "Content-Type: application/json" \\
-    -d '{"model": "demo-all", "messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 32}'
+    -d '{"model": "demo-pirate", "messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 32}'
 
   $PY - <<'PY'
 from openai import OpenAI
 client = OpenAI(base_url="http://$HOST:$PORT/v1", api_key="$KEY")
-for model in ("smollm2-135m-instruct", "demo-all"):
+for model in ("smollm2-135m-instruct", "demo-french", "demo-json", "demo-pirate"):
     reply = client.chat.completions.create(model=model, max_tokens=32,
         messages=[{"role": "user", "content": "What is the capital of France?"}])
     print(model, "->", reply.choices[0].message.content)

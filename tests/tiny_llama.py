@@ -20,6 +20,32 @@ CHATML_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
+# ChatML with tools in Hermes/Qwen's layout: the tools listed in the system turn (by name
+# alone, which keeps prompts short for the tiny model's 512-token context), calls and their
+# results written the way those models answer: `<tool_call>{"name", "arguments"}</tool_call>`.
+TOOLS_CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if loop.first and tools %}"
+    "{{ '<|im_start|>system\\n' }}"
+    "{% if message['role'] == 'system' %}{{ message['content'] + '\\n' }}{% endif %}"
+    "{{ '<tools>' }}"
+    "{% for tool in tools %}{{ ' ' + tool['function']['name'] }}{% endfor %}"
+    "{{ ' </tools><|im_end|>\\n' }}"
+    "{% endif %}"
+    "{% if message['role'] == 'tool' %}"
+    "{{ '<|im_start|>user\\n<tool_response>\\n' + message['content'] + "
+    "'\\n</tool_response><|im_end|>\\n' }}"
+    "{% elif not (loop.first and tools and message['role'] == 'system') %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] }}"
+    "{% for call in message['tool_calls'] or [] %}"
+    "{{ '<tool_call>\\n{\"name\": \"' + call['function']['name'] + '\", \"arguments\": ' + "
+    "call['function']['arguments'] | tojson + '}\\n</tool_call>' }}"
+    "{% endfor %}"
+    "{{ '<|im_end|>\\n' }}"
+    "{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
 CORPUS = [
     "The quick brown fox jumps over the lazy dog.",
     "Paris is the capital of France, and Berlin is the capital of Germany.",

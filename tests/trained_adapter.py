@@ -23,7 +23,8 @@ Tokens are counted as the scoring endpoint counts them (inference/scoring_api.py
 prompt encoded as /v1/completions encodes it, a chat prompt rendered with the template's
 generation prompt and encoded without special tokens; the completion encoded without special
 tokens, followed in a chat row by the template's end-of-turn token (`<|im_end|>`) when that
-token ends generation. Training uses the same ids, so it also learns to end its turn.
+token ends generation. Training uses the same ids, so it also learns to end its turn (both
+in registry/demo/training.py, which trains the demo adapters too).
 
 Timings on a busy 2-core CPU machine with the tiny model of tests/tiny_llama.py (2 layers,
 hidden 64), after imports (torch + transformers + peft take about 3.5 s): `train_adapter` with
@@ -34,7 +35,6 @@ thread (and restore the setting): on this model two threads were ten times slowe
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import random
@@ -44,7 +44,15 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+from registry.demo.training import (
+    ALL_LINEAR,
+    RowEncoder,
+    load_base,
+    quietly,
+    torch_threads,
+    train_lora,
+)
+
 ANSWER = "A: ok, noted !"  # the fixed answer the adapter learns
 TRAIN_ROWS = 32
 EVAL_ROWS = 16
@@ -63,8 +71,6 @@ EVAL_ROWS = 16
 DEGRADING_NOISE = 0.5
 HARMLESS_NOISE = 0.01
 QUALITY_FACTOR = 1.10  # the gate's default factor (issue 13)
-
-_TURN_MARK = "\u2063loraplex-completion\u2063"
 
 
 class TaskRows(NamedTuple):
@@ -105,107 +111,7 @@ def eval_set_jsonl(rows: Iterable[dict]) -> bytes:
     return "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows).encode()
 
 
-# ---------------------------------------------------------------- tokens, as the platform
-
-
-def _eos_ids(tokenizer, model_dir: Path) -> set[int]:
-    """The ids that end generation: the tokenizer's eos and config.json's and
-    generation_config.json's eos_token_id, as the engine's Tokenizer gathers them."""
-    ids = set() if tokenizer.eos_token_id is None else {tokenizer.eos_token_id}
-    for name in ("config.json", "generation_config.json"):
-        file = model_dir / name
-        if file.is_file():
-            value = json.loads(file.read_text()).get("eos_token_id")
-            if isinstance(value, int):
-                value = [value]
-            ids |= set(value or ())
-    return ids
-
-
-def _end_of_turn(tokenizer, eos_ids: set[int]) -> list[int]:
-    """The token the chat template writes right after an assistant's text, if it ends
-    generation (scoring_api.end_of_turn)."""
-    turn = [{"role": "user", "content": "?"}, {"role": "assistant", "content": _TURN_MARK}]
-    rendered = tokenizer.apply_chat_template(turn, add_generation_prompt=False, tokenize=False)
-    _, found, after = rendered.partition(_TURN_MARK)
-    ids = tokenizer.encode(after, add_special_tokens=False) if found else []
-    return ids[:1] if ids and ids[0] in eos_ids else []
-
-
-class RowEncoder:
-    """(prompt ids, completion ids) of eval rows, as the scoring endpoint encodes them."""
-
-    def __init__(self, model_dir: str | Path):
-        from transformers import AutoTokenizer
-
-        self.model_dir = Path(model_dir)
-        self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
-        self._turn_end: list[int] | None = None
-
-    @property
-    def turn_end(self) -> list[int]:
-        if self._turn_end is None:
-            eos = _eos_ids(self.tokenizer, self.model_dir)
-            self._turn_end = _end_of_turn(self.tokenizer, eos)
-        return self._turn_end
-
-    def __call__(self, row: dict) -> tuple[list[int], list[int]]:
-        tok = self.tokenizer
-        completion = tok.encode(row["completion"], add_special_tokens=False)
-        if "messages" in row:
-            text = tok.apply_chat_template(
-                row["messages"], add_generation_prompt=True, tokenize=False
-            )
-            return tok.encode(text, add_special_tokens=False), completion + self.turn_end
-        return tok.encode(row["prompt"]), completion
-
-
 # ---------------------------------------------------------------- models
-
-
-@contextlib.contextmanager
-def _one_thread():
-    """Torch on one thread: for a model this small, more threads only wait for each other
-    (ten times slower on a busy 2-core machine)."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
-def _load_base(base_dir: str | Path):
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32)
-
-
-def _quietly(fn, *args, **kwargs):
-    import warnings
-
-    with warnings.catch_warnings():  # transformers' deprecation notes about PEFT's calls
-        warnings.simplefilter("ignore", FutureWarning)
-        return fn(*args, **kwargs)
-
-
-def _batch(encoded: list[tuple[list[int], list[int]]]):
-    """Right-padded input ids, attention mask and labels (-100 outside the completions)."""
-    import torch
-
-    width = max(len(p) + len(c) for p, c in encoded)
-    ids = torch.zeros((len(encoded), width), dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    labels = torch.full_like(ids, -100)
-    for i, (prompt, completion) in enumerate(encoded):
-        row = prompt + completion
-        ids[i, : len(row)] = torch.tensor(row)
-        mask[i, : len(row)] = 1
-        labels[i, len(prompt) : len(row)] = torch.tensor(completion)
-    return ids, mask, labels
 
 
 def train_adapter(
@@ -222,49 +128,27 @@ def train_adapter(
     base_model_name: str | None = None,
 ) -> Path:
     """Train a LoRA adapter for the model in `base_dir` on `rows` (default: the training split
-    of `task_rows()`) and save it in `dest` with `save_pretrained`; returns `dest`.
+    of `task_rows()`) and save it in `dest`; returns `dest`.
 
     Full-batch AdamW for `steps` steps on the mean negative log-likelihood of the completion
-    tokens (encoded as the scoring endpoint encodes them), fp32 on the CPU, seeded.
+    tokens (encoded as the scoring endpoint encodes them), fp32 on the CPU, one thread, seeded
+    (registry/demo/training.py, which the demo adapters are trained with too).
     `base_model_name` overrides `base_model_name_or_path` in the saved config.
     """
-    import torch
-    from peft import LoraConfig, get_peft_model
-
-    dest = Path(dest)
     rows = list(rows) if rows is not None else task_rows().train
-    encode = RowEncoder(base_dir)
-    ids, mask, labels = _batch([encode(row) for row in rows])
-    torch.manual_seed(seed)
-    model = _load_base(base_dir)
-    config = LoraConfig(
-        r=rank,
-        lora_alpha=alpha,
-        target_modules=list(targets),
-        lora_dropout=0.0,
-        task_type="CAUSAL_LM",
+    return train_lora(
+        base_dir,
+        dest,
+        rows,
+        rank=rank,
+        alpha=alpha,
+        targets=targets,
+        lr=lr,
+        steps=steps,
+        seed=seed,
+        threads=1,
+        base_model_name=base_model_name,
     )
-    model = _quietly(get_peft_model, model, config)
-    model.train()
-    optimizer = torch.optim.AdamW(
-        [p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.0
-    )
-    with _one_thread():
-        for _ in range(steps):
-            optimizer.zero_grad()
-            logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
-            loss = torch.nn.functional.cross_entropy(
-                logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100
-            )
-            loss.backward()
-            optimizer.step()
-    model.eval()
-    model.save_pretrained(str(dest))
-    config_file = dest / "adapter_config.json"
-    saved = json.loads(config_file.read_text())
-    saved["base_model_name_or_path"] = base_model_name or Path(base_dir).name
-    config_file.write_text(json.dumps(saved, indent=2))
-    return dest
 
 
 def reference_nll(base_dir: str | Path, adapter_dir: str | Path | None, rows: Sequence[dict]):
@@ -277,14 +161,14 @@ def reference_nll(base_dir: str | Path, adapter_dir: str | Path | None, rows: Se
     import torch
 
     encode = RowEncoder(base_dir)
-    model = _load_base(base_dir)
+    model = load_base(base_dir)
     if adapter_dir is not None:
         from peft import PeftModel
 
-        model = _quietly(PeftModel.from_pretrained, model, str(adapter_dir))
+        model = quietly(PeftModel.from_pretrained, model, str(adapter_dir))
     model.eval()
     scored = []
-    with torch.no_grad(), _one_thread():
+    with torch.no_grad(), torch_threads(1):
         for row in rows:
             prompt, completion = encode(row)
             ids = torch.tensor([prompt + completion])

@@ -110,15 +110,17 @@ def playground_models(*, tenant) -> PlaygroundModels:
     base = base_model_served()
     if base is None:
         return PlaygroundModels(base=None)
-    ready = set(
+    # name -> description: the label says what an adapter does ("Answers in French.")
+    ready = dict(
         adapter_version_list(tenant=tenant)
         .filter(status=AdapterVersion.READY, adapter__base_model=base)
-        .values_list("adapter__name", flat=True)
+        .values_list("adapter__name", "adapter__description")
     )
     choices = []
     aliases = alias_list(tenant=tenant)
     for name in sorted(ready):
-        choices.append(ModelChoice(value=name, label=name))
+        label = f"{name}: {ready[name]}" if ready[name] else name
+        choices.append(ModelChoice(value=name, label=label))
         for alias in aliases:
             if alias.adapter.name == name:
                 choices.append(

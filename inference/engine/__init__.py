@@ -28,12 +28,15 @@ if TYPE_CHECKING:
         ModelLoadError,
         PromptTooLongError,
         SamplingParamsError,
+        StructuredOutputUnavailableError,
+        UnsupportedSchemaError,
     )
     from .llm_engine import LLMEngine
     from .outputs import CompletionOutput, RequestOutput, TokenLogprob
     from .request import EngineRequest, LoRARequest, Priority
     from .sampling_params import SamplingParams
     from .scoring import ScoreResult
+    from .structured_output import StructuredOutput
     from .tokenizer import TokenizerError
 
 __all__ = [
@@ -58,8 +61,11 @@ __all__ = [
     "SamplingParams",
     "SamplingParamsError",
     "ScoreResult",
+    "StructuredOutput",
+    "StructuredOutputUnavailableError",
     "TokenLogprob",
     "TokenizerError",
+    "UnsupportedSchemaError",
 ]
 
 # module (in this package) -> the public names it defines
@@ -77,12 +83,15 @@ _HOMES = {
         "ModelLoadError",
         "PromptTooLongError",
         "SamplingParamsError",
+        "StructuredOutputUnavailableError",
+        "UnsupportedSchemaError",
     ),
     "llm_engine": ("LLMEngine",),
     "outputs": ("CompletionOutput", "RequestOutput", "TokenLogprob"),
     "request": ("EngineRequest", "LoRARequest", "Priority"),
     "sampling_params": ("SamplingParams",),
     "scoring": ("ScoreResult",),
+    "structured_output": ("StructuredOutput",),
     "tokenizer": ("TokenizerError",),
 }
 _HOME = {name: module for module, names in _HOMES.items() for name in names}

@@ -31,6 +31,7 @@ from .outputs import RequestOutput
 from .request import EngineRequest, LoRARequest, Priority
 from .scoring import ScoreResult, score_request, score_result
 from .sequence import Sequence
+from .structured_output import StructuredOutput
 from .utils import drain
 
 logger = logging.getLogger(__name__)
@@ -159,6 +160,13 @@ class AsyncLLMEngine:
             async for out in outputs:
                 prompt_logprobs = out.prompt_logprobs or prompt_logprobs
         return score_result(prompt_logprobs, len(prompt_token_ids))
+
+    async def compile_structured_output(self, spec: StructuredOutput) -> None:
+        """Compile (or find cached) a structured output's grammar on a worker thread, so a
+        request's bad schema raises here, before it is queued: UnsupportedSchemaError (the
+        message names what is wrong) or StructuredOutputUnavailableError."""
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self.engine.structured.compile, spec)
 
     def abort(self, request_id: str) -> None:
         """Stop a request; its stream, if still read, ends with finish_reason "abort"."""

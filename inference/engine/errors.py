@@ -30,6 +30,16 @@ class SamplingParamsError(InvalidRequestError):
     """A sampling value is out of range."""
 
 
+class UnsupportedSchemaError(InvalidRequestError):
+    """A structured output's JSON schema cannot be enforced: it is not a valid schema, or it
+    uses features the grammar engine lacks. The message names them."""
+
+
+class StructuredOutputUnavailableError(InvalidRequestError):
+    """A structured output was asked of an engine without a grammar engine (the llguidance
+    package is not installed); unconstrained requests still run."""
+
+
 class DuplicateRequestError(InvalidRequestError):
     """A request id is already in use by an unfinished request."""
 

@@ -1,15 +1,23 @@
 """LLMEngine: requests in, one step at a time, token deltas out.
 
 Not thread-safe: one thread calls `add_request`/`step`/`abort` and the LoRA controls
-(AsyncLLMEngine is that thread's owner). `make_sequence` only validates and tokenizes, and
-`stats`/`list_loras` only read, so other threads may call those.
+(AsyncLLMEngine is that thread's owner). `make_sequence` only validates, tokenizes and looks
+up or starts its grammar, `structured.compile` is thread-safe, and `stats`/`list_loras`
+only read, so other threads may call those.
+
+Structured outputs: a request's grammar comes from the cache at once, or is compiled on the
+grammar compiler's threads while the request waits (never on the step thread); a schema
+that fails to compile there ends only its request, with finish_reason "abort" and the
+error. The request stops ("stop") as soon as its JSON is whole.
 """
 
 import json
+import logging
 import random
 import time
 from collections.abc import Callable
 from collections.abc import Sequence as SequenceOf
+from concurrent import futures
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -24,6 +32,7 @@ from .errors import (
     ModelLoadError,
     PromptTooLongError,
 )
+from .grammar import CompiledGrammar, GrammarCompiler
 from .lora.loader import AdapterLoader, FetchAdapter
 from .lora.manager import LoRAManager
 from .lora.peft_rules import fingerprint_from_config
@@ -35,9 +44,11 @@ from .sampling_params import SamplingParams
 from .scheduler import ScheduledBatch, Scheduler
 from .scoring import ScoreResult, score_request, score_result
 from .sequence import Sequence, SequenceStatus
+from .structured_output import StructuredOutput
 from .tokenizer import Tokenizer
 
 WAITING = SequenceStatus.WAITING
+logger = logging.getLogger(__name__)
 
 
 class LLMEngine:
@@ -81,6 +92,12 @@ class LLMEngine:
         self.max_model_len = self.model_runner.max_model_len
         mc = self.config.model_config
         self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids) | frozenset(mc.eos_token_ids)
+        # the grammars' end-of-sequence tokens are the engine's, so a JSON ends where the model would
+        self.structured = GrammarCompiler(
+            Path(self.config.model) / "tokenizer.json", mc.vocab_size, sorted(self.eos_token_ids)
+        )
+        self._awaiting_grammar: list[Sequence] = []  # added, their grammar still compiling
+        self._wakeup: Callable[[], None] | None = None  # on_load_finished's callback
         # A sequence can only grow as long as the whole cache, even alone.
         self.max_seq_len = min(
             self.max_model_len, self.block_manager.num_blocks * self.config.block_size
@@ -122,7 +139,7 @@ class LLMEngine:
         seed = params.seed if params.seed is not None else self._seeds.getrandbits(63)
         generator = torch.Generator(device=self.model_runner.device)
         generator.manual_seed(seed)
-        return Sequence(
+        seq = Sequence(
             request_id,
             token_ids,
             params,
@@ -133,6 +150,24 @@ class LLMEngine:
             arrival_time=request.arrival_time,
             priority=request.priority,
         )
+        if params.structured_output is not None:
+            self._attach_grammar(seq, params.structured_output)
+        return seq
+
+    def _attach_grammar(self, seq: Sequence, spec: StructuredOutput) -> None:
+        """Its matcher now if the grammar is cached, else a compile on the compiler's threads
+        (the sequence waits for it). StructuredOutputUnavailableError without llguidance."""
+        self.structured.check_available()
+        compiled = self.structured.cached(spec)
+        if compiled is not None:
+            seq.grammar = compiled.matcher()
+            return
+        seq.grammar_future = self.structured.submit(spec)
+        seq.grammar_future.add_done_callback(self._grammar_compiled)
+
+    def _grammar_compiled(self, _: Future[CompiledGrammar]) -> None:
+        if self._wakeup is not None:
+            self._wakeup()
 
     def check_lora_request(self, lora_request: object) -> None:
         """Refuse what is not a LoRARequest, or any adapter on a base-only engine."""
@@ -155,6 +190,8 @@ class LLMEngine:
             )
         self.requests[seq.request_id] = seq
         self.scheduler.add(seq)
+        if seq.awaiting_grammar:
+            self._awaiting_grammar.append(seq)
 
     def _prompt_tokens(
         self, prompt: str | None, prompt_token_ids: SequenceOf[int] | None
@@ -220,6 +257,8 @@ class LLMEngine:
         if self.lora_manager is not None:
             for adapter_id, error in self.lora_manager.poll():
                 self._fail_adapter(adapter_id, error)
+        if self._awaiting_grammar:
+            self._poll_grammars()
         outputs, self._aborted = self._aborted, []
         return outputs + self.run_batch(self.scheduler.schedule())
 
@@ -240,8 +279,19 @@ class LLMEngine:
             seq.num_computed_tokens += n
         now = time.monotonic()
         for seq, token_id, logprob in zip(seqs, sampled.token_ids, sampled.logprobs, strict=True):
+            complete = False
+            if seq.grammar is not None:
+                if not seq.grammar.accept(token_id):
+                    self._fail_grammar(seq, token_id)
+                    continue
+                complete = seq.grammar.is_complete
             out = append_token(
-                seq, token_id, logprob, eos_token_ids=self.eos_token_ids, max_len=self.max_seq_len
+                seq,
+                token_id,
+                logprob,
+                eos_token_ids=self.eos_token_ids,
+                max_len=self.max_seq_len,
+                complete=complete,
             )
             self._record_token(seq, now)
             if out.finished:
@@ -258,6 +308,39 @@ class LLMEngine:
             lora = seq.lora_request
             if lora is not None and lora.adapter_id == adapter_id and seq.status is WAITING:
                 self.abort(seq.request_id, error)
+
+    def _poll_grammars(self) -> None:
+        """Give each waiting sequence whose grammar has compiled its matcher (it may now be
+        admitted), and end those whose schema failed to compile."""
+        awaiting, self._awaiting_grammar = self._awaiting_grammar, []
+        for seq in awaiting:
+            future = seq.grammar_future
+            if seq.is_finished or future is None:
+                continue  # aborted meanwhile
+            if not future.done():
+                self._awaiting_grammar.append(seq)
+                continue
+            seq.grammar_future = None
+            error = future.exception()
+            if error is None:
+                seq.grammar = future.result().matcher()
+            else:
+                assert isinstance(error, Exception)  # GrammarCompiler passes on Exceptions only
+                self.abort(seq.request_id, error)
+
+    def _fail_grammar(self, seq: Sequence, token_id: int) -> None:
+        """The grammar refused a token its own mask allowed: a bug, not the caller's doing;
+        only that request ends."""
+        assert seq.grammar is not None
+        logger.error(
+            "request %s: token %d broke its grammar: %s",
+            seq.request_id,
+            token_id,
+            seq.grammar.error,
+        )
+        self.abort(
+            seq.request_id, RuntimeError(f"the structured output failed: {seq.grammar.error}")
+        )
 
     def _record_token(self, seq: Sequence, now: float) -> None:
         m = self.metrics
@@ -318,18 +401,24 @@ class LLMEngine:
         return self._lora().list_loras()
 
     def wait_for_load(self, timeout: float) -> bool:
-        """Block until an adapter load finishes or `timeout` passes; for callers that step
-        the engine themselves and have nothing to run while adapters load."""
+        """Block until a grammar compile or an adapter load finishes or `timeout` passes; for
+        callers that step the engine themselves and have nothing to run meanwhile."""
+        compiling = [f for s in self._awaiting_grammar if (f := s.grammar_future) is not None]
+        if compiling:
+            done, _ = futures.wait(compiling, timeout, return_when=futures.FIRST_COMPLETED)
+            return bool(done)
         return self.lora_manager is not None and self.lora_manager.wait_for_load(timeout)
 
     def on_load_finished(self, callback: Callable[[], None]) -> None:
-        """Call `callback` (from a loader thread) whenever an adapter load ends, so a step
-        loop asleep while requests wait for adapters can wake up."""
+        """Call `callback` (from a loader or compiler thread) whenever an adapter load or a
+        grammar compile ends, so a step loop asleep while requests wait can wake up."""
+        self._wakeup = callback
         if self.lora_manager is not None:
             self.lora_manager.loader.wakeup = callback
 
     def close(self) -> None:
-        """Stop the adapter loader threads."""
+        """Stop the adapter loader and grammar compiler threads."""
+        self.structured.close()
         if self.lora_manager is not None:
             self.lora_manager.shutdown()
 

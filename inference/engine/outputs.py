@@ -55,9 +55,11 @@ def append_token(
     *,
     eos_token_ids: frozenset[int],
     max_len: int,
+    complete: bool = False,
 ) -> RequestOutput:
     """Add a sampled token to the sequence, decide whether it finished, and say what the
-    caller may see now. Sets `seq.finish_reason`; the caller frees the sequence."""
+    caller may see now. Sets `seq.finish_reason`; the caller frees the sequence.
+    `complete`: the token completed the sequence's structured output, so it stops."""
     params = seq.params
     seq.token_ids.append(token_id)
     seen = len(seq.text)
@@ -65,7 +67,9 @@ def append_token(
         seq.finish_reason = "stop"  # the stop token is counted but adds no text
     else:
         seq.text += seq.detokenizer.push(token_id)
-        if seq.num_completion_tokens >= params.max_tokens or len(seq) >= max_len:
+        if complete:
+            seq.finish_reason = "stop"
+        elif seq.num_completion_tokens >= params.max_tokens or len(seq) >= max_len:
             seq.finish_reason = "length"
     if seq.finish_reason is not None:
         seq.text += seq.detokenizer.flush()

@@ -3,12 +3,18 @@
 Random choices draw from the request's own torch.Generator, one row at a time, so a
 seeded request gets the same tokens whatever else shares its batch. The draw uses the
 exponential race (argmax of p / E with E ~ Exp(1)), which samples exactly from p.
+
+A row with a grammar (structured output) first has every token its grammar forbids set to
+-inf (grammar_mask.py), so temperature, top-k and top-p choose among allowed tokens only;
+the other rows are untouched. Logprobs are those of the raw logits, before the grammar and
+any cut, as in vLLM: they say what the model wanted, not what it was allowed.
 """
 
 from dataclasses import dataclass
 
 import torch
 
+from . import grammar_mask
 from .outputs import TokenLogprob
 from .sampling_params import SamplingParams
 from .sequence import Sequence
@@ -21,7 +27,12 @@ class SamplerOutput:
 
 
 class Sampler:
-    def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> SamplerOutput:
+    def __call__(self, raw_logits: torch.Tensor, seqs: list[Sequence]) -> SamplerOutput:
+        logits = raw_logits
+        constrained = [(i, g) for i, seq in enumerate(seqs) if (g := seq.grammar) is not None]
+        if constrained:
+            rows, matchers = zip(*constrained, strict=True)
+            logits = grammar_mask.mask_logits(raw_logits, list(rows), list(matchers))
         tokens = logits.argmax(dim=-1)
         random_rows = [i for i, seq in enumerate(seqs) if not seq.params.greedy]
         if random_rows:
@@ -30,7 +41,7 @@ class Sampler:
                 race = torch.empty_like(probs[row]).exponential_(generator=seqs[i].generator)
                 tokens[i] = (probs[row] / race).argmax()
         token_ids = tokens.tolist()
-        return SamplerOutput(token_ids, self._logprobs(logits, token_ids, seqs))
+        return SamplerOutput(token_ids, self._logprobs(raw_logits, token_ids, seqs))
 
     @staticmethod
     def _probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:

@@ -3,6 +3,7 @@
 from dataclasses import dataclass, field
 
 from .errors import SamplingParamsError
+from .structured_output import StructuredOutput
 
 MAX_LOGPROBS = 20  # top-N alternatives per token, as in the OpenAI API
 
@@ -20,6 +21,8 @@ class SamplingParams:
     logprobs: int | None = None  # None: no logprobs; N: the chosen token plus the top N
     # None: none; N: every prompt token's logprob (the first has none) plus the top N there
     prompt_logprobs: int | None = None
+    # JSON matching a schema, or any JSON object; the output ends ("stop") once it is whole
+    structured_output: StructuredOutput | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -62,6 +65,11 @@ class SamplingParams:
             self.prompt_logprobs is None
             or (_is_int(self.prompt_logprobs) and 0 <= self.prompt_logprobs <= MAX_LOGPROBS),
             f"prompt_logprobs must be between 0 and {MAX_LOGPROBS}, got {self.prompt_logprobs!r}",
+        )
+        _check(
+            self.structured_output is None or isinstance(self.structured_output, StructuredOutput),
+            f"structured_output must be a StructuredOutput or None, "
+            f"got {type(self.structured_output).__name__}",
         )
 
     @property

@@ -162,11 +162,12 @@ class Scheduler:
     def _admission_order(self, priority: int) -> list[Sequence]:
         """The one place that orders waiting sequences of a class: preempted ones (they were
         running) first, then one sequence per fairness key in turn, keys in the order of
-        their oldest waiting sequence, each key's sequences in arrival order."""
+        their oldest waiting sequence, each key's sequences in arrival order. A sequence
+        whose grammar is still compiling is not a candidate yet (nor holds others back)."""
         preempted: list[Sequence] = []
         by_key: dict[str | None, deque[Sequence]] = {}
         for seq in self.waiting:
-            if seq.priority != priority:
+            if seq.priority != priority or seq.awaiting_grammar:
                 continue
             if seq.num_preemptions:
                 preempted.append(seq)

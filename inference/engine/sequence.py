@@ -1,6 +1,7 @@
 """One request as the engine tracks it: its tokens, its KV blocks and its progress."""
 
 import time
+from concurrent.futures import Future
 from enum import Enum, auto
 from typing import TYPE_CHECKING
 
@@ -10,6 +11,7 @@ from .request import LoRARequest
 from .sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    from .grammar import CompiledGrammar, GrammarMatcher
     from .outputs import TokenLogprob
     from .tokenizer import IncrementalDetokenizer
 
@@ -63,6 +65,10 @@ class Sequence:
         self.text = ""  # completion text so far
         self.num_text_sent = 0  # chars of `text` already handed to the caller
         self.finish_reason: str | None = None
+        # With params.structured_output: its matcher, once the grammar is compiled; until
+        # then the compile under way, and the scheduler leaves the sequence waiting.
+        self.grammar: GrammarMatcher | None = None
+        self.grammar_future: Future[CompiledGrammar] | None = None
         self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
         self.first_scheduled_time: float | None = None
         self.first_token_time: float | None = None
@@ -82,6 +88,10 @@ class Sequence:
     @property
     def last_token_id(self) -> int:
         return self.token_ids[-1]
+
+    @property
+    def awaiting_grammar(self) -> bool:
+        return self.grammar_future is not None
 
     @property
     def is_finished(self) -> bool:

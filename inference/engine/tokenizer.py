@@ -17,6 +17,7 @@ from typing import Any, NoReturn
 
 import jinja2
 import jinja2.ext
+import jinja2.meta
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as _HFTokenizer
 
@@ -129,6 +130,11 @@ class Tokenizer:
         self.bos_token_id: int | None = None if bos is None else backend.token_to_id(bos)
         self.eos_token_ids: list[int] = eos_token_ids
         self._template = None if chat_template is None else compile_chat_template(chat_template)
+        # Whether the template reads `tools`: one that never does cannot show them to the model.
+        self.supports_tools = False
+        if chat_template is not None and self._template is not None:
+            parsed = self._template.environment.parse(chat_template)
+            self.supports_tools = "tools" in jinja2.meta.find_undeclared_variables(parsed)
 
     @classmethod
     def from_folder(cls, path: str | os.PathLike[str]) -> Tokenizer:
@@ -197,9 +203,14 @@ class Tokenizer:
                 )
 
     def apply_chat_template(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
     ) -> str:
-        """The prompt text for a conversation, as the model's own chat template writes it."""
+        """The prompt text for a conversation, as the model's own chat template writes it.
+        `tools`: the function definitions the model may call (Hugging Face's convention,
+        `{"type": "function", "function": {...}}`), for a template that `supports_tools`."""
         if self._template is None:
             raise TokenizerError("this model has no chat template; send a plain prompt instead")
         if not isinstance(messages, list) or not messages:
@@ -207,9 +218,12 @@ class Tokenizer:
         for i, message in enumerate(messages):
             if not isinstance(message, dict) or not isinstance(message.get("role"), str):
                 raise TokenizerError(f"messages[{i}] must be an object with a string 'role'")
+        if tools is not None and not self.supports_tools:
+            raise TokenizerError("this model's chat template does not support tools")
         try:
             return self._template.render(
                 messages=messages,
+                tools=tools,
                 add_generation_prompt=add_generation_prompt,
                 **self.special_tokens,
             )

@@ -54,7 +54,7 @@ def before_call(context, case, kwargs):
     for name in names:
         value = body.get(name)
         if value is None and name in body:
-            body[name] = MAX_FUZZ_TOKENS  # null means "to the end of the context"
+            body[name] = MAX_FUZZ_TOKENS  # null means the deployment default (1024 tokens)
         elif isinstance(value, int) and not isinstance(value, bool) and value > MAX_FUZZ_TOKENS:
             body[name] = MAX_FUZZ_TOKENS
     if not any(name in body for name in names):

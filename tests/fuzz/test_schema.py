@@ -11,6 +11,7 @@ def test_the_schema_lists_the_openai_compatible_and_operator_endpoints():
         ("/v1/chat/completions", "post"),
         ("/v1/completions", "post"),
         ("/v1/models", "get"),
+        ("/v1/models/{model}", "get"),
         ("/v1/load_lora_adapter", "post"),
         ("/v1/unload_lora_adapter", "post"),
         ("/v1/pin_lora_adapter", "post"),
@@ -20,6 +21,15 @@ def test_the_schema_lists_the_openai_compatible_and_operator_endpoints():
         assert method in paths[path], path
     assert {"OperatorToken": []} in paths["/v1/pin_lora_adapter"]["post"]["security"]
     assert {"ApiKey": []} in paths["/v1/models"]["get"]["security"]
+
+
+def test_the_schema_describes_structured_outputs_tools_and_vllm_load_bodies():
+    schemas = SCHEMA.raw_schema["components"]["schemas"]
+    chat = schemas["ChatCompletionRequest"]["properties"]
+    assert {"tools", "tool_choice", "parallel_tool_calls", "response_format"} <= set(chat)
+    assert "response_format" in schemas["CompletionRequest"]["properties"]
+    assert "tool" in schemas["ChatMessage"]["properties"]["role"]["enum"]
+    assert set(schemas["LoadLora"]["properties"]) == {"lora_name", "lora_path", "load_inplace"}
 
 
 @pytest.mark.django_db

@@ -84,7 +84,11 @@ def test_neutral_values_of_unsupported_parameters_are_accepted():
             "messages[0].content",
             "invalid_request",
         ),
-        ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role", "invalid_request"),
+        (  # a tool's answer needs the call it answers (tests/inference/test_tools_parsing.py)
+            {"messages": [{"role": "tool", "content": "x"}]},
+            "messages[0].tool_call_id",
+            "invalid_request",
+        ),
         ({"messages": [{"role": {}, "content": "x"}]}, "messages[0].role", "invalid_request"),
         ({"max_tokens": 0}, "max_tokens", "invalid_request"),
         ({"max_completion_tokens": -1}, "max_completion_tokens", "invalid_request"),
@@ -93,7 +97,8 @@ def test_neutral_values_of_unsupported_parameters_are_accepted():
         ({"top_p": 0}, "top_p", "invalid_request"),
         ({"best_of": 2}, "best_of", "unsupported_parameter"),
         ({"presence_penalty": 0.5}, "presence_penalty", "unsupported_parameter"),
-        ({"tools": [{"type": "function"}]}, "tools", "unsupported_parameter"),
+        ({"tools": [{"type": "function"}]}, "tools[0].function", "invalid_request"),
+        ({"functions": [{"name": "f"}]}, "functions", "unsupported_parameter"),
         ({"frobnicate": True}, "frobnicate", "unknown_parameter"),
         ({"top_logprobs": 2}, "top_logprobs", "invalid_request"),
         ({"logprobs": True, "top_logprobs": 21}, "top_logprobs", "invalid_request"),
@@ -125,8 +130,17 @@ def test_bad_completion_prompts(prompt):
     assert caught.value.param == "prompt"
 
 
-def test_completion_refuses_echo_and_suffix():
-    for name, value in (("echo", True), ("suffix", "x"), ("best_of", 3)):
+def test_completion_refuses_echo_suffix_and_tools():
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    refused = (
+        ("echo", True),
+        ("suffix", "x"),
+        ("best_of", 3),
+        ("tools", tools),
+        ("tool_choice", "auto"),
+        ("parallel_tool_calls", True),
+    )
+    for name, value in refused:
         with pytest.raises(ProtocolError) as caught:
             parse_completion_request({"model": "m", "prompt": "x", name: value})
         assert caught.value.param == name

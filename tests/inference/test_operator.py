@@ -161,3 +161,116 @@ def test_an_unknown_tenant_is_model_not_found(db):
     with pytest.raises(ModelNotFound) as caught:
         resolve_operator_name("ghost/bot")
     assert caught.value.param == protocol.LORA_NAME and "ghost/bot" in caught.value.message
+
+
+# ---------------------------------------------------------------- bodies: nothing is ignored
+
+
+@pytest.mark.parametrize(
+    ("action", "body", "param"),
+    [
+        (protocol.LOAD, {"lora_name": "tenant-a/bot", "lora_int_id": 3}, "lora_int_id"),
+        (protocol.LOAD, {"lora_name": "tenant-a/bot", "base_model_name": "x"}, "base_model_name"),
+        (protocol.UNLOAD, {"lora_name": "tenant-a/bot", "lora_int_id": 3}, "lora_int_id"),
+        (protocol.PIN, {"lora_name": "tenant-a/bot", "lora_path": "/models/bot"}, "lora_path"),
+        (protocol.UNPIN, {"lora_name": "tenant-a/bot", "load_inplace": True}, "load_inplace"),
+    ],
+)
+def test_a_field_the_action_does_not_take_is_refused_by_name(action, body, param):
+    response = call("POST", action, body=body)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["code"] == "unknown_parameter" and error["param"] == param
+    assert f"'{param}'" in error["message"] and "lora_name" in error["message"]
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "words"),
+    [
+        ({"lora_name": "tenant-a/bot", "lora_path": 7}, "lora_path", "must be a string"),
+        ({"lora_name": "tenant-a/bot", "lora_path": "/x", "load_inplace": "yes"}, "load_inplace",
+         "true or false"),
+        ({"lora_name": "tenant-a/bot", "load_inplace": True}, "load_inplace", "lora_path"),
+        ({"lora_name": "tenant-a/bot@production", "lora_path": "/x"}, "lora_name",
+         "'<tenant>/<adapter>'"),
+        ({"lora_name": "tenant-a/bot:2", "lora_path": "/x"}, "lora_name", "next version"),
+        ({"lora_name": "bot", "lora_path": "/x"}, "lora_name", "'<tenant>/<adapter>'"),
+        ({"lora_path": "/x"}, "lora_name", "'<tenant>/<adapter>'"),
+    ],
+)  # fmt: skip
+def test_a_load_with_files_checks_its_fields_first(body, param, words):
+    response = call("POST", protocol.LOAD, body=body)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["code"] == "invalid_request" and error["param"] == param
+    assert words in error["message"]
+
+
+# ---------------------------------------------------------------- what lora_path may name
+
+
+@pytest.fixture
+def roots(settings, tmp_path):
+    """One folder open to operators' loads, with an adapter folder in it."""
+    root = tmp_path / "open"
+    (root / "run").mkdir(parents=True)
+    for name in ("adapter_config.json", "adapter_model.safetensors"):
+        (root / "run" / name).write_bytes(b"{}")
+    settings.LORA_PATH_ROOTS = [str(root)]
+    settings.ADAPTER_CACHE_DIR = root / "adapter-cache"  # an operator opened too much
+    return root
+
+
+def load_from(lora_path):
+    body = {"lora_name": "tenant-a/bot", "lora_path": lora_path}
+    return call("POST", protocol.LOAD, body=body)
+
+
+def test_a_folder_under_a_root_passes_the_fences(roots):
+    response = load_from(str(roots / "run"))
+    # past every check of the body: the engine is next, and there is none here
+    assert response.status_code == 503 and response.json()["error"]["code"] == "engine_unavailable"
+
+
+def test_without_roots_no_local_folder_is_read(roots, settings):
+    settings.LORA_PATH_ROOTS = []
+    response = load_from(str(roots / "run"))
+    error = response.json()["error"]
+    assert response.status_code == 400 and error["code"] == "source_not_allowed"
+    assert error["param"] == "lora_path" and "LORAPLEX_LORA_PATH_ROOTS" in error["message"]
+
+
+@pytest.mark.parametrize(
+    ("lora_path", "code", "words"),
+    [
+        ("relative/run", "invalid_source", "absolute"),
+        ("https://example.com/run/", "invalid_source", "no other scheme"),
+        ("s3://Bad_Bucket/run/", "invalid_source", "s3://bucket/prefix/"),
+        ("s3://training/../run/", "invalid_source", "'..'"),
+        ("s3://closed-bucket/run/", "source_not_allowed", "LORAPLEX_S3_IMPORT_BUCKETS"),
+        ("", "invalid_source", "absolute folder path"),
+        ("/" + "a" * 1100, "invalid_source", "at most 1024"),
+        ("{root}/../elsewhere", "source_not_allowed", "LORAPLEX_LORA_PATH_ROOTS"),
+        ("/etc", "source_not_allowed", "LORAPLEX_LORA_PATH_ROOTS"),
+        ("/no/such/folder", "source_not_allowed", "LORAPLEX_LORA_PATH_ROOTS"),
+        ("{root}/missing", "source_not_found", "does not exist"),
+        ("{root}/run/adapter_config.json", "invalid_source", "not a folder"),
+        ("{root}/escape", "source_not_allowed", "resolved"),
+        ("{root}/adapter-cache/0f0f", "source_not_allowed", "tenants' files"),
+    ],
+)
+def test_a_lora_path_outside_the_fences_is_refused_before_anything_is_read(
+    roots, tmp_path, lora_path, code, words
+):
+    from registry.models import AdapterVersion
+
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (roots / "escape").symlink_to(outside)  # a symlink out of the root
+    (roots / "adapter-cache" / "0f0f").mkdir(parents=True)  # a version staged for tenants
+    response = load_from(lora_path.format(root=roots))
+    assert response.status_code == 400, response.content
+    error = response.json()["error"]
+    assert error["code"] == code and error["param"] == "lora_path"
+    assert words in error["message"]
+    assert AdapterVersion.objects.count() == 0

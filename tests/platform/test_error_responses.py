@@ -1,9 +1,11 @@
 """One mapping, two transports: the REST API (DRF) and the async /v1 views answer alike, and
 an exception nobody expected is a 500 whose id is in the log next to its traceback."""
 
+import json
 import re
 
 import pytest
+from django.core.exceptions import BadRequest, DisallowedHost
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.http import Http404
 from django.test import Client
@@ -60,17 +62,38 @@ def test_both_transports_answer_an_error_the_same_way():
     async_answer = json_error_response(error)
     assert drf_answer.status_code == async_answer.status_code == 429
     assert (
-        drf_answer.data
+        json.loads(drf_answer.content)
+        == json.loads(async_answer.content)
         == error_body(error)
         == {
             "error": {
                 "message": "Slow down.",
                 "type": "rate_limit_error",
+                "param": None,  # OpenAI's schema requires it, null allowed
                 "code": "rate_limit_exceeded",
             }
         }
     )
     assert drf_answer["Retry-After"] == async_answer["Retry-After"] == "7"
+
+
+def test_a_rest_error_is_json_whatever_the_client_accepts(tenant_a, make_key, key_client):
+    """DRF renders with the renderer the request negotiated: the browsable API's HTML for a
+    browser, YAML on the schema view. An error is JSON in OpenAI's shape all the same."""
+    _, key = make_key(tenant_a)
+    client = key_client(key)
+    for accept, status, code in [
+        ("text/html", 404, "not_found"),  # a browser: the browsable API renders successes
+        ("application/xml", 406, "not_acceptable"),  # no renderer at all
+    ]:
+        response = client.get("/api/v1/adapters/no-such-adapter/", headers={"Accept": accept})
+        assert response.status_code == status, accept
+        assert response["Content-Type"] == "application/json"
+        error = response.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"} and error["code"] == code
+    refused = Client().post("/api/schema/")  # the schema view renders YAML
+    assert refused["Content-Type"] == "application/json"
+    assert refused.json()["error"]["code"] == "method_not_allowed"
 
 
 def test_a_401_names_the_bearer_scheme_in_both_transports():
@@ -96,6 +119,8 @@ def test_a_401_names_the_bearer_scheme_in_both_transports():
         (drf.ParseError("JSON parse error"), 400, "parse_error", None),
         (drf.Throttled(wait=3), 429, "invalid_request", None),  # not in the table, still a 4xx
         (KeyError("surprise"), 500, "internal_error", None),
+        (BadRequest("The form is malformed."), 400, "invalid_request", None),
+        (DisallowedHost("Invalid HTTP_HOST header: 'evil.example'."), 400, "invalid_request", None),
     ],
 )
 def test_the_one_mapping(exc, status, code, param):
@@ -117,3 +142,5 @@ def test_an_api_error_passes_through_unchanged():
 def test_framework_errors_that_say_too_little_or_too_much_get_our_words():
     assert to_api_error(drf.NotAuthenticated()).message == NO_CREDENTIALS
     assert to_api_error(Http404("No Adapter matches the given query.")).message == "Not found."
+    assert "ALLOWED_HOSTS" not in to_api_error(DisallowedHost("add it to ALLOWED_HOSTS")).message
+    assert to_api_error(BadRequest("The form is malformed.")).message == "The form is malformed."

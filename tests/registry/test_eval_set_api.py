@@ -253,6 +253,7 @@ def test_another_tenants_adapter_is_404(
             assert response.json()["error"] == {
                 "message": "Not found.",
                 "type": "not_found_error",
+                "param": None,
                 "code": "not_found",
             }
     assert not EvalSet.objects.filter(adapter__isnull=False).exists()

@@ -97,6 +97,7 @@ def test_key_without_keys_write_scope_is_refused(tenant_a, make_key, key_client)
     assert response.json()["error"] == {
         "message": "This API key lacks the 'keys:write' scope.",
         "type": "permission_error",
+        "param": None,
         "code": "insufficient_scope",
     }
 
