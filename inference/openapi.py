@@ -166,6 +166,26 @@ _CHAT_MAX_TOKENS = {
 }
 
 
+def _function_entry(function: dict, required: list[str], **extra: dict) -> dict:
+    """OpenAI's `{"type": "function", "function": {...}}` wrapper (a tool, a tool call, a
+    named tool_choice), closed to other fields."""
+    return {
+        "type": "object",
+        "required": [*extra, "type", "function"],
+        "properties": {
+            **extra,
+            "type": {"type": "string", "enum": ["function"]},
+            "function": {
+                "type": "object",
+                "required": required,
+                "properties": function,
+                "additionalProperties": False,
+            },
+        },
+        "additionalProperties": False,
+    }
+
+
 def _excludes(option: str, switch: str) -> dict:
     """`option` (when set) never with `switch: true`."""
     return {
@@ -243,46 +263,23 @@ SCHEMAS: dict[str, dict[str, Any]] = {
         },
         "additionalProperties": False,
     },
-    "ToolCall": {
-        "type": "object",
-        "required": ["id", "type", "function"],
-        "properties": {
-            "id": {"type": "string", "minLength": 1},
-            "type": {"type": "string", "enum": ["function"]},
-            "function": {
-                "type": "object",
-                "required": ["name", "arguments"],
-                "properties": {
-                    "name": {"type": "string"},
-                    "arguments": {"type": "string", "description": "A JSON object, as text."},
-                },
-                "additionalProperties": False,
-            },
+    "ToolCall": _function_entry(
+        {
+            "name": {"type": "string"},
+            "arguments": {"type": "string", "description": "A JSON object, as text."},
         },
-        "additionalProperties": False,
-    },
-    "Tool": {
-        "type": "object",
-        "required": ["type", "function"],
-        "properties": {
-            "type": {"type": "string", "enum": ["function"]},
-            "function": {
-                "type": "object",
-                "required": ["name"],
-                "properties": {
-                    "name": {"type": "string", "pattern": _NAME_PATTERN},
-                    "description": {"type": "string"},
-                    "parameters": {
-                        "type": "object",
-                        "description": 'A JSON Schema with "type": "object".',
-                    },
-                    "strict": {"type": "boolean", "nullable": True},
-                },
-                "additionalProperties": False,
-            },
+        ["name", "arguments"],
+        id={"type": "string", "minLength": 1},
+    ),
+    "Tool": _function_entry(
+        {
+            "name": {"type": "string", "pattern": _NAME_PATTERN},
+            "description": {"type": "string"},
+            "parameters": {"type": "object", "description": 'A JSON Schema with "type": "object".'},
+            "strict": {"type": "boolean", "nullable": True},
         },
-        "additionalProperties": False,
-    },
+        ["name"],
+    ),
     "ChatCompletionRequest": {
         "type": "object",
         "required": ["model", "messages"],
@@ -312,20 +309,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                 "held to each tool's `parameters`) or one named function.",
                 "oneOf": [
                     {"type": "string", "enum": ["none", "auto", "required"]},
-                    {
-                        "type": "object",
-                        "required": ["type", "function"],
-                        "properties": {
-                            "type": {"type": "string", "enum": ["function"]},
-                            "function": {
-                                "type": "object",
-                                "required": ["name"],
-                                "properties": {"name": {"type": "string"}},
-                                "additionalProperties": False,
-                            },
-                        },
-                        "additionalProperties": False,
-                    },
+                    _function_entry({"name": {"type": "string"}}, ["name"]),
                 ],
             },
             "parallel_tool_calls": {
