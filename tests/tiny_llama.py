@@ -125,6 +125,12 @@ def make_tiny_llama(
     torch.manual_seed(seed)
     model = model_cls(config).to(torch.float32).eval()
     model.save_pretrained(path)
+    write_tokenizer_config(path, max_positions)
+    return path
+
+
+def write_tokenizer_config(path: Path, max_positions: int) -> None:
+    """tokenizer_config.json with the ChatML template, as SmolLM2 ships it."""
     (path / "tokenizer_config.json").write_text(
         json.dumps(
             {
@@ -139,4 +145,3 @@ def make_tiny_llama(
             indent=2,
         )
     )
-    return path

@@ -1,6 +1,7 @@
 """Engine configuration and the model's shape as read from its config.json."""
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -8,15 +9,19 @@ from typing import Any
 import torch
 
 from .errors import ConfigError, ModelLoadError
+from .families import FAMILIES, FULL, SLIDING, family_traits
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+SUPPORTED_ARCHITECTURES = tuple(FAMILIES)
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+Rope = tuple[float, dict[str, Any] | None]  # (theta, scaling or None)
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """The few numbers of a Llama-family config.json that the engine needs."""
+    """The numbers of a config.json the engine needs, and its family's switches
+    (families.py)."""
 
     architecture: str
     vocab_size: int
@@ -31,10 +36,33 @@ class ModelConfig:
     rope_scaling: dict[str, Any] | None
     max_position_embeddings: int
     tie_word_embeddings: bool
-    attention_bias: bool
-    mlp_bias: bool
     eos_token_ids: tuple[int, ...]
     sliding_window: int | None
+    family: str = "llama"
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False  # RMSNorm over each head of q and k, before rotary
+    norm_offset: float = 0.0  # Gemma's norms scale by (1 + w)
+    sandwich_norms: bool = False  # Gemma: norms after attention and around the MLP too
+    hidden_act: str = "silu"
+    embed_scale: float | None = None
+    attn_softcap: float | None = None
+    final_softcap: float | None = None
+    query_pre_attn_scalar: float | None = None  # attention scale is its -1/2 power
+    layer_windows: tuple[int | None, ...] = ()  # per layer: its sliding window, None = global
+    local_rope: Rope | None = None  # sliding layers' rotary, where it differs (Gemma 3)
+    rotary_dim: int = 0  # leading dims of each head that rotate (Phi's partial rotary)
+
+    @property
+    def attn_scale(self) -> float:
+        scalar = float(self.query_pre_attn_scalar or self.head_dim)
+        return 1.0 / math.sqrt(scalar)
+
+    def layer_rope(self, layer: int) -> Rope:
+        if self.local_rope is not None and self.layer_windows[layer] is not None:
+            return self.local_rope
+        return self.rope_theta, self.rope_scaling
 
     @classmethod
     def from_folder(cls, folder: str | Path) -> "ModelConfig":
@@ -68,17 +96,15 @@ class ModelConfig:
                 raise ModelLoadError(f"{source}: required key {key!r} is missing")
             return raw[key]
 
-        if raw.get("hidden_act", "silu") != "silu":
-            raise ModelLoadError(
-                f"{source}: hidden_act {raw['hidden_act']!r} is not supported (silu only)"
-            )
         hidden, heads = int(need("hidden_size")), int(need("num_attention_heads"))
         kv_heads = int(raw.get("num_key_value_heads") or heads)
         if heads % kv_heads:
             raise ModelLoadError(
                 f"{source}: {heads} attention heads is not a multiple of {kv_heads} KV heads"
             )
-        theta, scaling = _rope(raw, source)
+        num_layers = int(need("num_hidden_layers"))
+        head_dim = int(raw.get("head_dim") or hidden // heads)
+        (theta, scaling), local_rope, rotary_dim = _ropes(raw, head_dim, source)
         eos = raw.get("eos_token_id")
         eos_ids = tuple(eos if isinstance(eos, list) else [] if eos is None else [eos])
         return cls(
@@ -86,27 +112,51 @@ class ModelConfig:
             vocab_size=int(need("vocab_size")),
             hidden_size=hidden,
             intermediate_size=int(need("intermediate_size")),
-            num_layers=int(need("num_hidden_layers")),
+            num_layers=num_layers,
             num_heads=heads,
             num_kv_heads=kv_heads,
-            head_dim=int(raw.get("head_dim") or hidden // heads),
+            head_dim=head_dim,
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
             rope_theta=theta,
             rope_scaling=scaling,
             max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-            attention_bias=bool(raw.get("attention_bias", False)),
-            mlp_bias=bool(raw.get("mlp_bias", False)),
             eos_token_ids=tuple(int(i) for i in eos_ids),
             sliding_window=raw.get("sliding_window"),
+            local_rope=local_rope,
+            rotary_dim=rotary_dim,
+            **family_traits(raw, FAMILIES[arch], num_layers, source),
         )
 
 
-def _rope(raw: dict[str, Any], source: str) -> tuple[float, dict[str, Any] | None]:
-    """Rope theta and scaling from either layout: transformers 5 writes `rope_parameters`,
-    older configs a top-level `rope_theta` plus `rope_scaling`."""
+def _ropes(raw: dict[str, Any], head_dim: int, source: str) -> tuple[Rope, Rope | None, int]:
+    """(global rope, sliding layers' rope if different, rotary dims) from either layout:
+    transformers 5 writes `rope_parameters` (per layer type for Gemma 3), older configs a
+    top-level `rope_theta` plus `rope_scaling` (and Gemma 3's `rope_local_base_freq`)."""
     params = dict(raw.get("rope_parameters") or {})
-    scaling = dict(raw.get("rope_scaling") or {})
+    local: Rope | None = None
+    if isinstance(params.get(FULL), dict):  # one set per layer type
+        local_params = params.get(SLIDING) or {}
+        params = dict(params[FULL])
+        local = _rope(raw, {}, dict(local_params), source)
+    elif raw.get("rope_local_base_freq") is not None:
+        local = float(raw["rope_local_base_freq"]), None
+    partial = float(params.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0)))
+    rotary_dim = int(head_dim * partial)
+    if not 0 < rotary_dim <= head_dim or rotary_dim % 2:
+        raise ModelLoadError(
+            f"{source}: partial_rotary_factor {partial} leaves {rotary_dim} of {head_dim} "
+            "head dims to rotate; it must be an even, positive number"
+        )
+    rope = _rope(raw, dict(raw.get("rope_scaling") or {}), params, source)
+    if rope[1] is not None and rope[1]["rope_type"] == "longrope":
+        _check_longrope(rope[1], rotary_dim, raw, source)
+    return rope, local, rotary_dim
+
+
+def _rope(
+    raw: dict[str, Any], scaling: dict[str, Any], params: dict[str, Any], source: str
+) -> Rope:
     theta = params.get("rope_theta", raw.get("rope_theta", 10000.0))
     merged = {**scaling, **params}
     rope_type = merged.get("rope_type", merged.get("type", "default"))
@@ -118,6 +168,11 @@ def _rope(raw: dict[str, Any], source: str) -> tuple[float, dict[str, Any] | Non
     if rope_type == "default":
         return float(theta), None
     merged["rope_type"] = rope_type
+    merged.pop("type", None)
+    merged.pop("rope_theta", None)
+    merged.pop("partial_rotary_factor", None)
+    if rope_type == "longrope":
+        return float(theta), merged
     if "factor" not in merged:
         raise ModelLoadError(f"{source}: rope scaling {rope_type!r} needs a 'factor'")
     if rope_type == "llama3":
@@ -126,6 +181,33 @@ def _rope(raw: dict[str, Any], source: str) -> tuple[float, dict[str, Any] | Non
             if merged.get(key) is None:
                 raise ModelLoadError(f"{source}: llama3 rope scaling needs {key!r}")
     return float(theta), merged
+
+
+def _check_longrope(
+    scaling: dict[str, Any], rotary_dim: int, raw: dict[str, Any], source: str
+) -> None:
+    """Fill in LongRoPE's derived numbers the way transformers does, after checking it."""
+    original = scaling.get("original_max_position_embeddings") or raw.get(
+        "original_max_position_embeddings"
+    )
+    if isinstance(original, bool) or not isinstance(original, int) or original < 1:
+        raise ModelLoadError(f"{source}: longrope needs original_max_position_embeddings")
+    for key in ("short_factor", "long_factor"):
+        factors = scaling.get(key)
+        if (
+            not isinstance(factors, list)
+            or len(factors) != rotary_dim // 2
+            or not all(isinstance(f, int | float) and f > 0 for f in factors)
+        ):
+            raise ModelLoadError(
+                f"{source}: longrope {key} must list {rotary_dim // 2} positive numbers"
+            )
+    factor = scaling.get("factor") or raw.get("max_position_embeddings", original) / original
+    if scaling.get("attention_factor") is None:
+        scaling["attention_factor"] = (
+            1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(original))
+        )
+    scaling["original_max_position_embeddings"] = original
 
 
 @dataclass
@@ -182,9 +264,6 @@ class EngineConfig:
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype {self.dtype!r} is not one of {', '.join(DTYPES)} or 'auto'")
         limit = mc.max_position_embeddings
-        if mc.sliding_window and mc.sliding_window < limit:
-            # Within the window, sliding-window attention equals full attention.
-            limit = int(mc.sliding_window)
         if self.max_model_len is None:
             self.max_model_len = limit
         elif not 1 < self.max_model_len <= limit:

@@ -12,7 +12,7 @@ from .config import EngineConfig
 from .kv_cache import allocate_kv_cache, kv_cache_budget
 from .lora.slots import LoRASlots, LoRAStep
 from .model.context import ForwardContext, forward_context
-from .model.llama import LlamaForCausalLM
+from .model.decoder import CausalLM
 from .model.loader import load_weights
 from .sampler import Sampler, SamplerOutput, prompt_logprobs
 from .scheduler import ScheduledBatch
@@ -40,7 +40,7 @@ class ModelRunner:
         self.device = torch.device(config.device)
         mc = config.model_config
         with torch.device(self.device), _default_dtype(config.torch_dtype):
-            self.model = LlamaForCausalLM(mc, max_positions=self.max_model_len).eval()
+            self.model = CausalLM(mc, max_positions=self.max_model_len).eval()
         load_weights(self.model, config.model)
         # LoRA slots come before the KV cache: allocated once, their bytes leave the KV budget.
         self.lora_slots = (

@@ -19,8 +19,8 @@ from inference.kernels.lora_batch import LoRABatch
 from inference.kernels.lora_checks import check_add_lora
 
 from ..model.context import get_forward_context
+from ..model.decoder import PACKED_MODULES, CausalLM
 from ..model.layers import Linear
-from ..model.llama import PACKED_MODULES, LlamaForCausalLM
 from ..request import LoRARequest
 from .peft_rules import TARGET_MODULES, AdapterSpec
 
@@ -76,7 +76,7 @@ class LoRAStep:
 class LoRASlots:
     """The device side: `max_loras` slots for every target linear, allocated once."""
 
-    def __init__(self, model: LlamaForCausalLM, max_loras: int, max_rank: int, max_tokens: int):
+    def __init__(self, model: CausalLM, max_loras: int, max_rank: int, max_tokens: int):
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
         self.num_slots, self.max_rank = max_loras, max_rank
@@ -150,7 +150,7 @@ class LoRASlots:
         return LoRAStep(batch, buffer)
 
 
-def _target_linears(model: LlamaForCausalLM) -> Iterator[tuple[int, str, Linear, list[str]]]:
+def _target_linears(model: CausalLM) -> Iterator[tuple[int, str, Linear, list[str]]]:
     """(layer index, name, Linear, adapter module names of its output slices) for every
     linear a LoRA may target, in model order."""
     merged: dict[str, list[str]] = {}

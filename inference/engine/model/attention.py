@@ -24,13 +24,50 @@ def store_kv(
     v_cache.view(-1, *v.shape[1:]).index_copy_(0, slot_mapping, v)
 
 
+def attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    scale: float,
+    softcap: float | None,
+) -> torch.Tensor:
+    """softmax(q k^T * scale + mask) v over [batch, heads, tokens, head_dim], where k and v
+    may have fewer (grouped) heads. Without a mask, causal. With `softcap` (Gemma 2) the
+    scores pass through cap * tanh(s / cap) first, which SDPA cannot do: computed here."""
+    if softcap is None:
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=True
+        )
+    if k.shape[1] != q.shape[1]:
+        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+        v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+    scores = torch.tanh(torch.matmul(q, k.transpose(-1, -2)) * (scale / softcap)) * softcap
+    if mask is None:
+        mask = causal_mask(0, q.shape[-2], None, q.device)
+    is_bool = mask.dtype == torch.bool
+    scores = scores.masked_fill(~mask, float("-inf")) if is_bool else scores + mask
+    return torch.matmul(torch.softmax(scores.float(), dim=-1).to(q.dtype), v)
+
+
+def causal_mask(start: int, total: int, window: int | None, device: torch.device) -> torch.Tensor:
+    """[total - start, total]: query at position p (from `start` on) sees keys 0..p, or only
+    the last `window` of them (p - window < key <= p) in a sliding-window layer."""
+    query_pos = torch.arange(start, total, device=device)[:, None]
+    key_pos = torch.arange(total, device=device)[None, :]
+    mask = key_pos <= query_pos
+    if window is not None:
+        mask &= key_pos > query_pos - window
+    return mask
+
+
 def prefill_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
     ctx: ForwardContext,
     caches: tuple[torch.Tensor, torch.Tensor],
-    scale: float,
+    layer: "Attention",
 ) -> torch.Tensor:
     """Causal attention of each prefill chunk over its sequence so far. A chunk that starts
     the sequence uses its just-computed keys and values directly; a later chunk (or one
@@ -41,17 +78,17 @@ def prefill_attention(
     for (begin, end), start, table in zip(
         bounds, ctx.context_starts, ctx.prefill_block_tables, strict=True
     ):
+        total = start + end - begin
         if table is None:
-            ks, vs, mask = k[begin:end], v[begin:end], None
+            ks, vs = k[begin:end], v[begin:end]
         else:
-            total = start + end - begin
             ks, vs = (cache[table].flatten(0, 1)[:total] for cache in caches)
-            query_pos = torch.arange(start, total, device=q.device)
-            mask = torch.arange(total, device=q.device)[None, :] <= query_pos[:, None]
+        slides = layer.window is not None and layer.window < total
+        mask = None  # plain causal: SDPA's own is faster than a mask
+        if table is not None or slides or layer.softcap is not None:
+            mask = causal_mask(start, total, layer.window, q.device)
         qs, ks, vs = (t.transpose(0, 1).unsqueeze(0) for t in (q[begin:end], ks, vs))
-        o = F.scaled_dot_product_attention(
-            qs, ks, vs, attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=True
-        )
+        o = attend(qs, ks, vs, mask, layer.scale, layer.softcap)
         out[begin:end] = o[0].transpose(0, 1)
     return out
 
@@ -68,7 +105,7 @@ def gather_kv(cache: torch.Tensor, block_tables: torch.Tensor, length: int) -> t
 
 
 def decode_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: ForwardContext, scale: float
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: ForwardContext, layer: "Attention"
 ) -> torch.Tensor:
     """One new token per sequence against all its cached tokens: a batched call per group of
     similar lengths over padded [seqs, kv_heads, length, head_dim] keys and values. The
@@ -78,22 +115,52 @@ def decode_attention(
     qg = q.view(num_seqs, kv_heads, num_heads // kv_heads, head_dim)
     out = q.new_empty(qg.shape)
     assert ctx.decode_groups is not None, "a decode step has its groups"
-    for start, end, mask in ctx.decode_groups:
+    for i, (start, end, mask) in enumerate(ctx.decode_groups):
         width = mask.shape[-1]
-        out[start:end] = F.scaled_dot_product_attention(
-            qg[start:end], k[start:end, :, :width], v[start:end, :, :width], mask, scale=scale
+        if layer.window is not None:
+            mask = window_decode_mask(ctx, i, layer.window)
+        out[start:end] = attend(
+            qg[start:end],
+            k[start:end, :, :width],
+            v[start:end, :, :width],
+            mask,
+            layer.scale,
+            layer.softcap,
         )
     return out.view(num_seqs, num_heads, head_dim)
+
+
+def window_decode_mask(ctx: ForwardContext, group: int, window: int) -> torch.Tensor:
+    """A decode group's mask with the tokens before each sequence's window masked out as
+    well; made once per step and window, shared by the layers that slide."""
+    key = (group, window)
+    if key not in ctx.window_masks:
+        assert ctx.decode_groups is not None and ctx.context_lens is not None
+        start, end, mask = ctx.decode_groups[group]
+        first = (ctx.context_lens[start:end] - window).view(-1, 1, 1, 1)
+        positions = torch.arange(mask.shape[-1], device=mask.device)
+        ctx.window_masks[key] = mask.masked_fill(positions < first, float("-inf"))
+    return ctx.window_masks[key]
 
 
 class Attention(nn.Module):
     """Stores this layer's new keys/values in the cache, then attends. The model runner
     assigns `k_cache`/`v_cache` once the cache is allocated."""
 
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int):
+    def __init__(
+        self,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        scale: float | None = None,
+        window: int | None = None,
+        softcap: float | None = None,
+    ):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
-        self.scale = head_dim**-0.5
+        self.scale = head_dim**-0.5 if scale is None else scale
+        self.window = window  # sliding-window layer: attends to the last `window` tokens only
+        self.softcap = softcap
         self.k_cache = self.v_cache = torch.empty(0)
         self.k_buffer: torch.Tensor | None = None  # see decode_kv
         self.v_buffer: torch.Tensor | None = None
@@ -107,16 +174,14 @@ class Attention(nn.Module):
             store_kv(self.k_cache, self.v_cache, k, v, ctx.slot_mapping)
         if not ctx.has_decodes:
             self.k_buffer = self.v_buffer = None  # the next decode batch differs; free them now
-            return prefill_attention(
-                q, k, v, ctx, (self.k_cache, self.v_cache), self.scale
-            ).flatten(1)
+            return prefill_attention(q, k, v, ctx, (self.k_cache, self.v_cache), self).flatten(1)
         p = ctx.num_prefill_tokens
         out = q.new_empty(q.shape)
         if p:
             out[:p] = prefill_attention(
-                q[:p], k[:p], v[:p], ctx, (self.k_cache, self.v_cache), self.scale
+                q[:p], k[:p], v[:p], ctx, (self.k_cache, self.v_cache), self
             )
-        out[p:] = decode_attention(q[p:], *self.decode_kv(k[p:], v[p:], ctx), ctx, self.scale)
+        out[p:] = decode_attention(q[p:], *self.decode_kv(k[p:], v[p:], ctx), ctx, self)
         return out.flatten(1)
 
     def decode_kv(

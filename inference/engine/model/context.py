@@ -40,6 +40,8 @@ class ForwardContext:
     # sequence, rebuilt from the cache when `refresh` is set, else extended by the new token
     decode_buffer_len: int | None = None
     refresh_decode_buffers: bool = True
+    # (decode group, window) -> that group's mask for sliding-window layers, made on first use
+    window_masks: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
     # the batch's adapters; None when no token uses one, so LoRA costs nothing
     lora: "LoRAStep | None" = None
 

@@ -1,7 +1,6 @@
-"""The building blocks of a Llama layer: projections, RMSNorm, rotary embedding, SwiGLU."""
+"""Projections and the token embedding: the layers a LoRA adapter attaches to."""
 
-import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -50,81 +49,3 @@ class VocabEmbedding(nn.Module):
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(input_ids, self.weight)
-
-
-class RMSNorm(nn.Module):
-    """RMSNorm computed in float32. Given a residual, adds it first and returns the sum as
-    the next residual, saving one pass over the activations per norm."""
-
-    def __init__(self, hidden_size: int, eps: float):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.empty(hidden_size), requires_grad=False)
-
-    def forward(
-        self, x: torch.Tensor, residual: torch.Tensor | None = None
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        if residual is not None:
-            x = x + residual
-            residual = x
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        out = self.weight * h.to(x.dtype)
-        return out if residual is None else (out, residual)
-
-
-def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:
-    """Inverse frequencies of rotary embedding, with linear or Llama-3.1 scaling applied."""
-    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
-    if scaling is None:
-        return inv_freq
-    factor = float(scaling["factor"])
-    if scaling["rope_type"] == "linear":
-        return inv_freq / factor
-    # llama3: long wavelengths are slowed by `factor`, short ones kept, the band between blended.
-    old_len = float(scaling["original_max_position_embeddings"])
-    low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
-    wavelen = 2 * math.pi / inv_freq
-    smooth = ((old_len / wavelen - low) / (high - low)).clamp(0, 1)
-    return (1 - smooth) * inv_freq / factor + smooth * inv_freq
-
-
-class RotaryEmbedding(nn.Module):
-    """Rotary position embedding from a cos/sin table computed once for every position the
-    engine can reach. `forward` looks up the angles of a batch's positions once per step;
-    `apply_rotary` then rotates each layer's queries and keys with them."""
-
-    cos_sin: torch.Tensor  # [max_positions, head_dim]: cos of each angle, then sin
-
-    def __init__(
-        self, head_dim: int, max_positions: int, theta: float, scaling: dict[str, Any] | None
-    ):
-        super().__init__()
-        inv_freq = rope_inv_freq(head_dim, theta, scaling)
-        freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
-        self.register_buffer(
-            "cos_sin", torch.cat([freqs.cos(), freqs.sin()], dim=-1), persistent=False
-        )
-
-    def forward(
-        self, positions: torch.Tensor, dtype: torch.dtype
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(cos, sin), each [num_tokens, 1, head_dim / 2], broadcasting over heads."""
-        cos, sin = self.cos_sin[positions].to(dtype).unsqueeze(1).chunk(2, dim=-1)
-        return cos, sin
-
-
-def apply_rotary(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """Rotate the two halves of each head of x [num_tokens, heads * head_dim] (a new tensor)."""
-    cos, sin = rope
-    shape = x.shape
-    x1, x2 = x.view(shape[0], -1, cos.shape[-1] * 2).chunk(2, dim=-1)
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).view(shape)
-
-
-class SiluAndMul(nn.Module):
-    """SwiGLU: silu(gate) * up, over the merged gate_up projection's output."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = x.chunk(2, dim=-1)
-        return F.silu(gate).mul_(up)

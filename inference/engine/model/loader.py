@@ -11,16 +11,16 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from ..errors import ModelLoadError
+from .decoder import PACKED_MODULES, CausalLM
 from .layers import Linear
-from .llama import PACKED_MODULES, LlamaForCausalLM
 
-Target = tuple[str, int]  # (parameter name, part of a merged projection)
+Target = tuple[str, int | None]  # (parameter name, part of a merged projection or None: all)
 
 # Present in some checkpoints, derived (not learned) here.
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
-def load_weights(model: LlamaForCausalLM, folder: str | Path) -> None:
+def load_weights(model: CausalLM, folder: str | Path) -> None:
     folder = Path(folder)
     files = sorted(folder.glob("*.safetensors"))
     if not files:
@@ -43,7 +43,7 @@ def load_weights(model: LlamaForCausalLM, folder: str | Path) -> None:
                     target = _target(key, params, model)
                     if target is not None:
                         _copy(path, key, f.get_tensor(key), target, modules, params)
-                        missing.discard(target)
+                        missing -= _parts(target, modules)
         except (SafetensorError, OSError) as e:
             raise ModelLoadError(
                 f"{path} is not a readable safetensors file ({e}); re-download it"
@@ -54,9 +54,7 @@ def load_weights(model: LlamaForCausalLM, folder: str | Path) -> None:
         raise ModelLoadError(f"{folder} lacks tensors the model needs: {shown}")
 
 
-def _target(
-    key: str, params: dict[str, torch.nn.Parameter], model: LlamaForCausalLM
-) -> Target | None:
+def _target(key: str, params: dict[str, torch.nn.Parameter], model: CausalLM) -> Target | None:
     """Our (parameter name, merged part) for a checkpoint tensor name."""
     if key.endswith(IGNORED_SUFFIXES):
         return None
@@ -69,8 +67,8 @@ def _target(
             parts[i] = merged
             key_ours = ".".join(parts)
             break
-    else:
-        key_ours, shard = key, 0
+    else:  # a plain tensor, or one merged already in the checkpoint (Phi-3's qkv_proj)
+        key_ours, shard = key, None
     if key_ours not in params:
         raise ModelLoadError(
             f"checkpoint tensor {key!r} has no place in a {model.config.architecture} with "
@@ -90,7 +88,7 @@ def _copy(
     name, shard = target
     dest = params[name].data
     module = modules[name.rsplit(".", 1)[0]]
-    if isinstance(module, Linear) and len(module.output_sizes) > 1:
+    if shard is not None and isinstance(module, Linear) and len(module.output_sizes) > 1:
         dest = dest[module.output_slice(shard)]
     if tuple(tensor.shape) != tuple(dest.shape):
         raise ModelLoadError(
@@ -102,6 +100,16 @@ def _copy(
             f"{path.name}: tensor {key!r} is {tensor.dtype}; expected floating point"
         )
     dest.copy_(tensor)
+
+
+def _parts(target: Target, modules: dict[str, torch.nn.Module]) -> set[tuple[str, int]]:
+    """The (parameter, part) entries a checkpoint tensor fills: all parts when it is whole."""
+    name, shard = target
+    if shard is not None:
+        return {(name, shard)}
+    module = modules[name.rsplit(".", 1)[0]]
+    parts = len(module.output_sizes) if isinstance(module, Linear) else 1
+    return {(name, i) for i in range(parts)}
 
 
 def _checkpoint_name(name: str, shard: int, modules: dict[str, torch.nn.Module]) -> str:
