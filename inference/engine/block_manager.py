@@ -22,6 +22,10 @@ from dataclasses import dataclass
 
 from .sequence import Sequence
 
+# A block table entry let go behind a sliding window. As an index it names the last block:
+# real, finite memory (the cache starts zeroed), which attention masks out.
+RELEASED = -1
+
 
 @dataclass
 class BlockManagerStats:
@@ -56,10 +60,19 @@ def block_hash(parent: bytes, token_ids: list[int]) -> bytes:
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool = True,
+        sliding_window: int | None = None,
+    ):
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        # Set when every layer attends through this window: blocks that fall behind it are
+        # never read again and go back to the pool while the sequence runs on.
+        self.sliding_window = sliding_window
         self.blocks = [Block() for _ in range(num_blocks)]
         self.free_blocks: deque[int] = deque(range(num_blocks))  # hold nothing worth keeping
         self.cached_free: OrderedDict[int, None] = OrderedDict()  # named, unheld; LRU first
@@ -141,19 +154,37 @@ class BlockManager:
                 self.by_hash[hashes[i]] = seq.block_table[i]
         seq.num_committed_blocks = max(seq.num_committed_blocks, full)
 
+    def release_behind_window(self, seq: Sequence) -> None:
+        """Let go of the blocks whose every token lies behind the sliding window of every
+        token still to come (the next query, at num_computed_tokens, sees keys from
+        num_computed_tokens - window + 1 on). Their table entries become RELEASED: a
+        reference attention may still gather, harmlessly, since it masks those positions."""
+        if self.sliding_window is None:
+            return
+        first_seen = seq.num_computed_tokens - self.sliding_window + 1
+        behind = max(0, first_seen // self.block_size)
+        for i in range(seq.num_released_blocks, min(behind, len(seq.block_table))):
+            self._release(seq.block_table[i])
+            seq.block_table[i] = RELEASED
+        seq.num_released_blocks = max(seq.num_released_blocks, behind)
+
     def free(self, seq: Sequence) -> None:
         """Let go of a sequence's blocks. Named ones stay cached; the tail goes first into
         the LRU pool's old end, so a prefix outlives what followed it."""
         for block_id in reversed(seq.block_table):
-            block = self.blocks[block_id]
-            block.ref_count -= 1
-            if block.ref_count == 0:
-                if block.hash is None:
-                    self.free_blocks.append(block_id)
-                else:
-                    self.cached_free[block_id] = None
+            if block_id != RELEASED:
+                self._release(block_id)
         seq.block_table = []
-        seq.num_computed_tokens = seq.num_committed_blocks = 0
+        seq.num_computed_tokens = seq.num_committed_blocks = seq.num_released_blocks = 0
+
+    def _release(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        block.ref_count -= 1
+        if block.ref_count == 0:
+            if block.hash is None:
+                self.free_blocks.append(block_id)
+            else:
+                self.cached_free[block_id] = None
 
     def drop_adapter(self, adapter_id: str) -> int:
         """Forget every cached block computed under an adapter (it is being unloaded);

@@ -59,6 +59,14 @@ class ModelConfig:
         scalar = float(self.query_pre_attn_scalar or self.head_dim)
         return 1.0 / math.sqrt(scalar)
 
+    @property
+    def uniform_window(self) -> int | None:
+        """The sliding window, when every layer has one (then old blocks can be let go)."""
+        windows = set(self.layer_windows)
+        if len(windows) == 1 and None not in windows:
+            return windows.pop()
+        return None
+
     def layer_rope(self, layer: int) -> Rope:
         if self.local_rope is not None and self.layer_windows[layer] is not None:
             return self.local_rope

@@ -76,6 +76,7 @@ class LLMEngine:
             self.model_runner.num_blocks,
             self.config.block_size,
             enable_prefix_caching=self.config.enable_prefix_caching,
+            sliding_window=self.config.model_config.uniform_window,
         )
         self.metrics = EngineMetrics()
         self.lora_manager: LoRAManager | None = None
@@ -275,8 +276,7 @@ class LLMEngine:
                 self.metrics.prompt_tokens += seq.num_prompt_tokens
         seqs, sampled = self.model_runner.run(batch)
         self.num_steps += 1
-        for seq, n in batch.entries():
-            seq.num_computed_tokens += n
+        self.scheduler.mark_computed(batch)
         now = time.monotonic()
         for seq, token_id, logprob in zip(seqs, sampled.token_ids, sampled.logprobs, strict=True):
             complete = False

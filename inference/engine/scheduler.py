@@ -94,6 +94,13 @@ class Scheduler:
             budget = self._admit_waiting(priority, budget, batch)
         return batch
 
+    def mark_computed(self, batch: ScheduledBatch) -> None:
+        """After the forward: the batch's tokens are in the cache (and blocks that fell
+        behind a sliding window can go)."""
+        for seq, n in batch.entries():
+            seq.num_computed_tokens += n
+            self.block_manager.release_behind_window(seq)
+
     def _add_to(self, batch: ScheduledBatch, seq: Sequence, n: int) -> None:
         """Put a sequence's next `n` tokens in the batch. The blocks they fill are named now,
         so a sequence admitted after it in this very step can share them."""

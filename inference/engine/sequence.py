@@ -57,6 +57,7 @@ class Sequence:
         self.block_table: list[int] = []
         self.block_hashes: list[bytes] = []  # names of its full blocks (block_manager.py)
         self.num_committed_blocks = 0  # leading blocks offered to the prefix cache
+        self.num_released_blocks = 0  # leading blocks let go behind a sliding window
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0  # found in the prefix cache when last admitted
         self.admitted_order = 0  # when it was last admitted; the newest is preempted first

@@ -18,6 +18,5 @@ def step_logits(engine: LLMEngine) -> list[tuple[Sequence, torch.Tensor]]:
             break
         assert engine.wait_for_load(1.0), "nothing to run and no adapter loading"
     step = engine.model_runner.compute_logits(batch)
-    for seq, n in batch.entries():
-        seq.num_computed_tokens += n
+    engine.scheduler.mark_computed(batch)
     return list(zip(step.samplers, step.logits, strict=True))

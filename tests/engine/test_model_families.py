@@ -185,3 +185,31 @@ def test_bad_family_configs_are_refused_with_the_reason(case):
     }
     with pytest.raises(ModelLoadError, match=message):
         ModelConfig.from_dict(raw)
+
+
+def test_blocks_behind_the_window_are_let_go_while_decoding(tmp_path):
+    """Mistral (every layer slides, window 8, blocks of 4): a sequence holds about three
+    blocks however long it grows, and its logits still equal transformers'."""
+    folder = make_tiny_model(tmp_path, "mistral")
+    engine = LLMEngine(model=folder, block_size=4, kv_cache_bytes=1 << 20)
+    assert engine.block_manager.sliding_window == 8
+    torch.manual_seed(5)
+    prompt = torch.randint(3, 384, (30,)).tolist()
+    _compare_steps(engine, _hf(folder), [prompt], 10)
+    [seq] = engine.scheduler.running
+    held = [b for b in seq.block_table if b >= 0]
+    assert len(seq.block_table) == 10 and len(held) <= 3  # 40 tokens, window 8
+    assert engine.block_manager.num_used_blocks == len(held)
+    engine.abort("r0")
+    engine.step()
+    assert engine.block_manager.num_used_blocks == 0
+
+
+def test_blocks_stay_held_where_some_layers_attend_globally(tmp_path):
+    folder = make_tiny_model(tmp_path, "gemma2")
+    engine = LLMEngine(model=folder, block_size=4, kv_cache_bytes=1 << 20)
+    assert engine.block_manager.sliding_window is None
+    prompt = list(range(3, 33))
+    _compare_steps(engine, _hf(folder), [prompt], 2)
+    [seq] = engine.scheduler.running
+    assert all(b >= 0 for b in seq.block_table)
