@@ -168,6 +168,8 @@ def _rope(
     theta = params.get("rope_theta", raw.get("rope_theta", 10000.0))
     merged = {**scaling, **params}
     rope_type = merged.get("rope_type", merged.get("type", "default"))
+    if rope_type == "su":  # early Phi-3 configs' name for LongRoPE
+        rope_type = "longrope"
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise ModelLoadError(
             f"{source}: rope type {rope_type!r} is not supported "

@@ -213,3 +213,61 @@ def test_blocks_stay_held_where_some_layers_attend_globally(tmp_path):
     _compare_steps(engine, _hf(folder), [prompt], 2)
     [seq] = engine.scheduler.running
     assert all(b >= 0 for b in seq.block_table)
+
+
+BASE_RAW = {
+    "vocab_size": 100,
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_hidden_layers": 6,
+    "num_attention_heads": 4,
+}
+OLD_LAYOUTS = {  # configs as the hub's checkpoints were saved before transformers 5
+    "gemma2": (
+        {"architectures": ["Gemma2ForCausalLM"], "sliding_window": 4096},
+        (4096, None, 4096, None, 4096, None),
+    ),
+    "gemma3": (
+        {
+            "architectures": ["Gemma3ForCausalLM"],
+            "sliding_window": 512,
+            "sliding_window_pattern": 3,
+            "rope_theta": 1e6,
+            "rope_local_base_freq": 1e4,
+        },
+        (512, 512, None, 512, 512, None),
+    ),
+    "qwen2": (
+        {
+            "architectures": ["Qwen2ForCausalLM"],
+            "use_sliding_window": False,
+            "sliding_window": 32768,
+            "max_window_layers": 2,
+        },
+        (None,) * 6,
+    ),
+    "mistral": ({"architectures": ["MistralForCausalLM"], "sliding_window": 4096}, (4096,) * 6),
+}
+
+
+@pytest.mark.parametrize("family", list(OLD_LAYOUTS))
+def test_older_config_layouts_give_the_same_switches(family):
+    raw, windows = OLD_LAYOUTS[family]
+    mc = ModelConfig.from_dict(BASE_RAW | raw)
+    assert mc.layer_windows == windows
+    if family == "gemma3":
+        assert mc.layer_rope(0) == (1e4, None) and mc.layer_rope(2) == (1e6, None)
+
+
+def test_early_phi3_su_rope_is_longrope():
+    raw = BASE_RAW | {
+        "architectures": ["Phi3ForCausalLM"],
+        "max_position_embeddings": 131072,
+        "original_max_position_embeddings": 4096,
+        "rope_scaling": {"type": "su", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8},
+    }
+    scaling = ModelConfig.from_dict(raw).rope_scaling
+    assert scaling is not None and scaling["rope_type"] == "longrope"
+    assert scaling["attention_factor"] == pytest.approx(
+        1.1902, abs=1e-4
+    )  # sqrt(1 + ln 32 / ln 4096)
