@@ -187,6 +187,8 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 
 # Adapter registry (see the README's configuration table).
 MAX_LORA_RANK = env.int("LORAPLEX_MAX_LORA_RANK", default=64)
+# an adapter's whole embed_tokens / lm_head copy (modules_to_save) is served up to this size
+MAX_SAVED_MODULE_PARAMS = env.int("LORAPLEX_MAX_SAVED_MODULE_PARAMS", default=2**25)
 MAX_ADAPTER_BYTES = env.int("LORAPLEX_MAX_ADAPTER_BYTES", default=512 * 1024 * 1024)
 # Eval sets (registry/eval_sets.py): JSONL rows each adapter version is measured on.
 EVAL_MAX_ROWS = env.int("LORAPLEX_EVAL_MAX_ROWS", default=200)
@@ -305,6 +307,8 @@ ENGINE_OPTIONS = {
     "max_loras": env.int("LORAPLEX_MAX_LORAS", default=8),
     "max_cpu_loras": env.int("LORAPLEX_MAX_CPU_LORAS", default=32),
     "max_lora_rank": MAX_LORA_RANK,
+    "max_saved_module_params": MAX_SAVED_MODULE_PARAMS,
+    "lora_extra_bytes": env.int("LORAPLEX_LORA_EXTRA_BYTES", default=None),
     "enable_lora": True,
     "enable_prefix_caching": env.bool("LORAPLEX_ENABLE_PREFIX_CACHING", default=True),
     "enable_chunked_prefill": env.bool("LORAPLEX_ENABLE_CHUNKED_PREFILL", default=True),

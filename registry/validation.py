@@ -123,6 +123,7 @@ def validate_adapter_files(
     *,
     fingerprint: ArchFingerprint,
     max_lora_rank: int,
+    max_saved_params: int | None = None,
     max_config_bytes: int,
     max_weights_bytes: int,
     base_model_name: str | None = None,
@@ -166,6 +167,7 @@ def validate_adapter_files(
         header,
         fingerprint,
         max_lora_rank=max_lora_rank,
+        max_saved_params=max_saved_params,
         weights_path=weights_path if check_values else None,
         expected_base_name=base_model_name,
     )

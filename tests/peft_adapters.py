@@ -1,8 +1,10 @@
 """Real PEFT adapters for tests: made by `peft.get_peft_model` and saved by `save_pretrained`.
 
-PEFT initialises lora_B to zero, which would make an adapter change nothing; here both
-factors are drawn from a seeded generator, so each adapter visibly changes the model's
-outputs and the same arguments always give the same bytes.
+PEFT initialises lora_B to zero, which would make an adapter change nothing; here every
+trained tensor is drawn from a seeded generator (LoRA factors, embedding factors; DoRA
+magnitudes and whole saved modules are perturbed around their initial values), so each
+adapter visibly changes the model's outputs and the same arguments always give the same
+bytes.
 """
 
 from __future__ import annotations
@@ -57,15 +59,29 @@ def make_peft_adapter(
     with warnings.catch_warnings():  # transformers' deprecation notes about PEFT's calls
         warnings.simplefilter("ignore", FutureWarning)
         peft_model = get_peft_model(model, config)
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in peft_model.named_parameters():
-            if "lora_A" in name or "lora_B" in name:
-                noise = torch.randn(param.shape, generator=generator, dtype=torch.float32) * std
-                param.copy_(noise.to(param.dtype))
+    randomize_trained(peft_model, seed, std)
     peft_model.save_pretrained(str(out_dir))
     if base_model_name is not None:
         saved = json.loads((out_dir / CONFIG_FILE).read_text())
         saved["base_model_name_or_path"] = base_model_name
         (out_dir / CONFIG_FILE).write_text(json.dumps(saved, indent=2))
     return out_dir
+
+
+def randomize_trained(peft_model, seed: int, std: float) -> None:
+    """Draw what training would have changed: LoRA factors anew, DoRA magnitudes and
+    modules_to_save copies moved around their starting values."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in peft_model.named_parameters():
+            if not ("lora_" in name or "modules_to_save" in name):
+                continue
+            noise = torch.randn(param.shape, generator=generator, dtype=torch.float32) * std
+            if "lora_magnitude_vector" in name:
+                param.mul_((1 + 2 * noise).to(param.dtype))
+            elif "modules_to_save" in name:
+                param.add_(noise.to(param.dtype))
+            else:
+                param.copy_(noise.to(param.dtype))

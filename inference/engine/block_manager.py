@@ -20,6 +20,7 @@ from array import array
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 
+from .model.rotary import uses_long_factors
 from .sequence import Sequence
 
 # A block table entry let go behind a sliding window. As an index it names the last block:
@@ -44,10 +45,13 @@ class Block:
         self.adapter_id: str | None = None  # the adapter its keys and values belong to
 
 
-def chain_root(adapter_id: str | None) -> bytes:
+def chain_root(adapter_id: str | None, long_rope: bool = False) -> bytes:
     """Where a sequence's hash chain starts: keys and values depend on the adapter's
-    weights, so blocks computed under one adapter (or the base model) never match another's."""
+    weights, so blocks computed under one adapter (or the base model) never match another's;
+    and under LongRoPE on which factors rotated them."""
     tag = b"base" if adapter_id is None else b"adapter:" + adapter_id.encode()
+    if long_rope:
+        tag += b"|longrope"
     return hashlib.blake2b(tag, digest_size=16).digest()
 
 
@@ -66,6 +70,7 @@ class BlockManager:
         block_size: int,
         enable_prefix_caching: bool = True,
         sliding_window: int | None = None,
+        longrope_original: int | None = None,
     ):
         self.num_blocks = num_blocks
         self.block_size = block_size
@@ -73,6 +78,8 @@ class BlockManager:
         # Set when every layer attends through this window: blocks that fall behind it are
         # never read again and go back to the pool while the sequence runs on.
         self.sliding_window = sliding_window
+        # LongRoPE: a sequence longer than this rotates with the long factors (long_rope)
+        self.longrope_original = longrope_original
         self.blocks = [Block() for _ in range(num_blocks)]
         self.free_blocks: deque[int] = deque(range(num_blocks))  # hold nothing worth keeping
         self.cached_free: OrderedDict[int, None] = OrderedDict()  # named, unheld; LRU first
@@ -125,6 +132,7 @@ class BlockManager:
             self._hold(block_id)
         fresh = [self._take() for _ in range(self.blocks_needed(len(seq)) - len(cached))]
         seq.block_table = cached + fresh
+        seq.cached_long_rope = self.long_rope(seq)
         seq.num_computed_tokens = seq.num_cached_tokens = len(cached) * self.block_size
         self.stats.queries += len(seq)
         self.stats.hits += seq.num_cached_tokens
@@ -154,6 +162,17 @@ class BlockManager:
                 self.by_hash[hashes[i]] = seq.block_table[i]
         seq.num_committed_blocks = max(seq.num_committed_blocks, full)
 
+    def long_rope(self, seq: Sequence) -> bool:
+        """Whether the sequence's tokens now rotate with LongRoPE's long factors: once it
+        is longer than the original context, as transformers rotates a whole sequence."""
+        return uses_long_factors(len(seq), self.longrope_original)
+
+    def needs_recompute(self, seq: Sequence) -> bool:
+        """A running sequence whose cached keys were rotated with the short factors and
+        which has just grown past the original context: transformers then recomputes the
+        whole sequence with the long factors, and so must we."""
+        return seq.cached_long_rope is False and self.long_rope(seq)
+
     def release_behind_window(self, seq: Sequence) -> None:
         """Let go of the blocks whose every token lies behind the sliding window of every
         token still to come (the next query, at num_computed_tokens, sees keys from
@@ -176,6 +195,7 @@ class BlockManager:
                 self._release(block_id)
         seq.block_table = []
         seq.num_computed_tokens = seq.num_committed_blocks = seq.num_released_blocks = 0
+        seq.cached_long_rope = None
 
     def _release(self, block_id: int) -> None:
         block = self.blocks[block_id]
@@ -200,10 +220,13 @@ class BlockManager:
     def hashes(self, seq: Sequence) -> list[bytes]:
         """The names of the sequence's full blocks, extended as its tokens grow (its tokens
         only ever grow, so the names computed once stay right)."""
+        root = chain_root(_adapter_id(seq), self.long_rope(seq))
+        if seq.hash_root != root:  # a first call, or LongRoPE switched: other names
+            seq.block_hashes, seq.hash_root = [], root
         hashes = seq.block_hashes
         full = len(seq) // self.block_size
         if len(hashes) < full:
-            parent = hashes[-1] if hashes else chain_root(_adapter_id(seq))
+            parent = hashes[-1] if hashes else root
             for i in range(len(hashes), full):
                 parent = block_hash(
                     parent, seq.token_ids[i * self.block_size : (i + 1) * self.block_size]

@@ -10,6 +10,7 @@ import torch
 
 from .errors import ConfigError, ModelLoadError
 from .families import FAMILIES, FULL, SLIDING, family_traits
+from .lora.peft_rules import DEFAULT_MAX_SAVED_MODULE_PARAMS
 
 SUPPORTED_ARCHITECTURES = tuple(FAMILIES)
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope")
@@ -67,6 +68,13 @@ class ModelConfig:
             return windows.pop()
         return None
 
+    @property
+    def longrope_original(self) -> int | None:
+        """LongRoPE's original context, past which the long factors rotate."""
+        if self.rope_scaling is None or self.rope_scaling["rope_type"] != "longrope":
+            return None
+        return int(self.rope_scaling["original_max_position_embeddings"])
+
     def layer_rope(self, layer: int) -> Rope:
         if self.local_rope is not None and self.layer_windows[layer] is not None:
             return self.local_rope
@@ -92,6 +100,8 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, raw: dict[str, Any], source: str = "config.json") -> "ModelConfig":
         archs = raw.get("architectures") or []
+        if not isinstance(archs, list):
+            raise ModelLoadError(f"{source}: architectures must be a list, got {archs!r:.80}")
         arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
         if arch is None:
             raise ModelLoadError(
@@ -99,27 +109,32 @@ class ModelConfig:
                 f"the engine serves {', '.join(SUPPORTED_ARCHITECTURES)}"
             )
 
-        def need(key: str) -> Any:
-            if raw.get(key) is None:
+        def need(key: str) -> int:
+            value = raw.get(key)
+            if value is None:
                 raise ModelLoadError(f"{source}: required key {key!r} is missing")
-            return raw[key]
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ModelLoadError(
+                    f"{source}: {key} must be a positive integer, got {value!r:.80}"
+                )
+            return int(value)
 
-        hidden, heads = int(need("hidden_size")), int(need("num_attention_heads"))
-        kv_heads = int(raw.get("num_key_value_heads") or heads)
+        hidden, heads = need("hidden_size"), need("num_attention_heads")
+        kv_heads = need("num_key_value_heads") if raw.get("num_key_value_heads") else heads
         if heads % kv_heads:
             raise ModelLoadError(
                 f"{source}: {heads} attention heads is not a multiple of {kv_heads} KV heads"
             )
-        num_layers = int(need("num_hidden_layers"))
-        head_dim = int(raw.get("head_dim") or hidden // heads)
+        num_layers = need("num_hidden_layers")
+        head_dim = need("head_dim") if raw.get("head_dim") else hidden // heads
         (theta, scaling), local_rope, rotary_dim = _ropes(raw, head_dim, source)
         eos = raw.get("eos_token_id")
         eos_ids = tuple(eos if isinstance(eos, list) else [] if eos is None else [eos])
         return cls(
             architecture=arch,
-            vocab_size=int(need("vocab_size")),
+            vocab_size=need("vocab_size"),
             hidden_size=hidden,
-            intermediate_size=int(need("intermediate_size")),
+            intermediate_size=need("intermediate_size"),
             num_layers=num_layers,
             num_heads=heads,
             num_kv_heads=kv_heads,
@@ -248,6 +263,11 @@ class EngineConfig:
     max_loras: int = 4
     max_cpu_loras: int | None = None  # default: max(4 * max_loras, 16)
     max_lora_rank: int = 16
+    # an adapter's whole embed_tokens / lm_head copy (modules_to_save) is served up to this
+    max_saved_module_params: int = DEFAULT_MAX_SAVED_MODULE_PARAMS
+    # device bytes for DoRA scales, LoRA on the heads and saved heads, shared by the slots'
+    # adapters that have them; default: room for every slot (lora/slots.py)
+    lora_extra_bytes: int | None = None
     model_config: ModelConfig = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -318,7 +338,15 @@ class EngineConfig:
     def _check_lora(self) -> None:
         if self.max_cpu_loras is None:
             self.max_cpu_loras = max(4 * self.max_loras, 16)
-        for name in ("max_loras", "max_cpu_loras", "max_lora_rank"):
+        if self.lora_extra_bytes is not None and (
+            isinstance(self.lora_extra_bytes, bool)
+            or not isinstance(self.lora_extra_bytes, int)
+            or self.lora_extra_bytes < 0
+        ):
+            raise ConfigError(
+                f"lora_extra_bytes must be a non-negative integer, got {self.lora_extra_bytes!r}"
+            )
+        for name in ("max_loras", "max_cpu_loras", "max_lora_rank", "max_saved_module_params"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")

@@ -77,13 +77,15 @@ class LLMEngine:
             self.config.block_size,
             enable_prefix_caching=self.config.enable_prefix_caching,
             sliding_window=self.config.model_config.uniform_window,
+            longrope_original=self.config.model_config.longrope_original,
         )
         self.metrics = EngineMetrics()
         self.lora_manager: LoRAManager | None = None
         if self.model_runner.lora_slots is not None:
             raw = json.loads((Path(self.config.model) / "config.json").read_text())
+            served = {"architectures": [self.config.model_config.architecture]}
             loader = AdapterLoader(
-                self.model_runner.lora_slots, fingerprint_from_config(raw), lora_loader
+                self.model_runner.lora_slots, fingerprint_from_config(raw | served), lora_loader
             )
             assert self.config.max_cpu_loras is not None  # resolved by EngineConfig
             self.lora_manager = LoRAManager(

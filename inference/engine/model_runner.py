@@ -10,10 +10,12 @@ import torch
 
 from .config import EngineConfig
 from .kv_cache import allocate_kv_cache, kv_cache_budget
-from .lora.slots import LoRASlots, LoRAStep
+from .lora.apply import LoRAStep, SlotRows
+from .lora.slots import LoRASlots
 from .model.context import ForwardContext, forward_context
 from .model.decoder import CausalLM
 from .model.loader import load_weights
+from .model.rotary import uses_long_factors
 from .sampler import Sampler, SamplerOutput, prompt_logprobs
 from .scheduler import ScheduledBatch
 from .sequence import Sequence
@@ -39,6 +41,7 @@ class ModelRunner:
         self.block_size = config.block_size
         self.device = torch.device(config.device)
         mc = config.model_config
+        self.longrope_original = mc.longrope_original
         with torch.device(self.device), _default_dtype(config.torch_dtype):
             self.model = CausalLM(mc, max_positions=self.max_model_len).eval()
         load_weights(self.model, config.model)
@@ -49,6 +52,8 @@ class ModelRunner:
                 config.max_loras,
                 config.max_lora_rank,
                 max(self.max_num_batched_tokens, config.max_num_seqs),
+                extra_bytes=config.lora_extra_bytes,
+                max_saved_params=config.max_saved_module_params,
             )
             if config.enable_lora
             else None
@@ -92,7 +97,7 @@ class ModelRunner:
         for seq, n in batch.prefills:
             start, row = seq.num_computed_tokens, len(input_ids)
             input_ids.extend(seq.token_ids[start : start + n])
-            positions.extend(range(start, start + n))
+            positions.extend(self._positions(seq, start, n))
             slots.extend(self._slot(seq, i) for i in range(start, start + n))
             lora_slots.extend([seq.lora_slot] * n)
             ctx.cu_seqlens.append(ctx.cu_seqlens[-1] + n)
@@ -115,7 +120,8 @@ class ModelRunner:
             order = sorted(range(len(batch.decodes)), key=lambda i: decode_rows[i])
             decodes = [batch.decodes[i] for i in order]
             input_ids.extend(seq.last_token_id for seq in decodes)
-            positions.extend(len(seq) - 1 for seq in decodes)
+            for seq in decodes:
+                positions.extend(self._positions(seq, len(seq) - 1, 1))
             slots.extend(self._slot(seq, len(seq) - 1) for seq in decodes)
             lora_slots.extend(seq.lora_slot for seq in decodes)
             samplers.extend(batch.decodes)
@@ -127,7 +133,9 @@ class ModelRunner:
         ctx.lora = self._lora_step(lora_slots)
         with forward_context(ctx):
             hidden: torch.Tensor = self.model(self._tensor(input_ids), self._tensor(positions))
-        logits = self.model.compute_logits(hidden[self._tensor(rows)]).float()
+            if ctx.lora is not None:  # lm_head sees the sampled rows only
+                ctx.lora_head = self._lora_head([lora_slots[r] for r in rows])
+            logits = self.model.compute_logits(hidden[self._tensor(rows)]).float()
         prompt = [(seq, first, logits[at : at + k]) for seq, first, at, k in prompt_spans]
         return StepLogits(samplers, logits[sample_at], prompt)
 
@@ -181,6 +189,17 @@ class ModelRunner:
     def _lora_step(self, token_slots: list[int]) -> LoRAStep | None:
         return self.lora_slots.make_step(token_slots) if self.lora_slots is not None else None
 
+    def _lora_head(self, row_slots: list[int]) -> SlotRows | None:
+        return self.lora_slots.head_rows(row_slots) if self.lora_slots is not None else None
+
+    def _positions(self, seq: Sequence, start: int, n: int) -> range:
+        """The rotary table rows of a sequence's tokens start..start+n-1: their positions,
+        past the short half of a LongRoPE table once the sequence rotates with the long
+        factors (block_manager.long_rope)."""
+        if uses_long_factors(len(seq), self.longrope_original):
+            start += self.max_model_len
+        return range(start, start + n)
+
     def _slot(self, seq: Sequence, position: int) -> int:
         return (
             seq.block_table[position // self.block_size] * self.block_size
@@ -209,7 +228,7 @@ class ModelRunner:
         )
         with forward_context(ctx):
             hidden = self.model(self._tensor([0] * n), positions.to(self.device))
-        self.model.compute_logits(hidden[self._tensor([e - 1 for e in cu[1:]])])
+            self.model.compute_logits(hidden[self._tensor([e - 1 for e in cu[1:]])])
         torch.cuda.synchronize(self.device)
 
 

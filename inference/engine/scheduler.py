@@ -121,6 +121,9 @@ class Scheduler:
                 return 0
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # preempted below for a sequence scheduled before it
+            if self.block_manager.needs_recompute(seq):
+                self._preempt(seq)  # re-admitted, it is recomputed with the long factors
+                continue
             while not self.block_manager.can_append(seq):
                 victim = self._victim(worse_than=None) or seq
                 self._preempt(victim)

@@ -56,6 +56,8 @@ class Sequence:
         self.priority = priority  # lower first (request.py)
         self.block_table: list[int] = []
         self.block_hashes: list[bytes] = []  # names of its full blocks (block_manager.py)
+        self.hash_root: bytes | None = None  # the chain root those names grow from
+        self.cached_long_rope: bool | None = None  # LongRoPE factors of its cached keys
         self.num_committed_blocks = 0  # leading blocks offered to the prefix cache
         self.num_released_blocks = 0  # leading blocks let go behind a sliding window
         self.num_computed_tokens = 0

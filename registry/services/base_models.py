@@ -13,6 +13,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from audit.services import SYSTEM_COMPATIBILITY, SYSTEM_EVALUATOR
+from inference.engine.errors import ModelLoadError
 from inference.engine.formats.safetensors_header import HeaderError, parse_header
 from inference.engine.lora.peft_rules import (
     CONFIG_FILE,
@@ -69,7 +70,11 @@ def model_revision(folder: Path) -> str:
 
 
 def read_model_folder(folder: Path) -> tuple[ArchFingerprint, str]:
-    """(fingerprint, revision) of a Hugging Face Llama-family folder, or RegistryError why not."""
+    """(fingerprint, revision) of a Hugging Face folder the engine can serve, or RegistryError.
+
+    The engine's own reading of config.json decides what is served (its architectures, rope
+    types, sliding windows, ...), so an import never registers a model `serve` would refuse.
+    """
     folder = Path(folder)
     if not (folder / "config.json").is_file():
         raise RegistryError(f"{folder} has no config.json; is it a Hugging Face model folder?")
@@ -78,10 +83,36 @@ def read_model_folder(folder: Path) -> tuple[ArchFingerprint, str]:
             f"{folder} has no .safetensors weights (pickled .bin weights are not accepted)"
         )
     try:
-        fingerprint = fingerprint_from_config(json.loads((folder / "config.json").read_text()))
+        raw = json.loads((folder / "config.json").read_text())
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise RegistryError(f"{folder}/config.json is not valid JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise RegistryError(f"{folder}/config.json must hold a JSON object")
+    architecture = _served_architecture(raw, source=f"{folder}/config.json")
+    try:
+        # The fingerprint describes the architecture the engine runs, should config.json
+        # list several.
+        fingerprint = fingerprint_from_config(raw | {"architectures": [architecture]})
         return fingerprint, model_revision(folder)
     except (FingerprintError, HeaderError, ValueError) as exc:
         raise RegistryError(f"{folder}: {exc}") from exc
+
+
+def _served_architecture(raw: dict, *, source: str) -> str:
+    """The architecture the engine will run a config.json as; RegistryError naming what the
+    engine serves when it would refuse it.
+
+    The engine's config module imports torch: it is imported here, when an operator imports
+    a model, not when the registry loads (its workers validate uploads without torch).
+    """
+    from inference.engine.config import ModelConfig
+
+    try:
+        return ModelConfig.from_dict(raw, source=source).architecture
+    except ModelLoadError as exc:
+        raise RegistryError(f"the engine cannot serve this model: {exc}") from None
+    except (ValueError, TypeError) as exc:  # int() of a value of the wrong type
+        raise RegistryError(f"{source} holds a value of the wrong type: {exc}") from None
 
 
 @transaction.atomic
@@ -145,6 +176,7 @@ def version_recheck(*, version: AdapterVersion, base_model: BaseModel) -> Adapte
             folder / WEIGHTS_FILE,
             fingerprint=ArchFingerprint.from_dict(base_model.fingerprint),
             max_lora_rank=settings.MAX_LORA_RANK,
+            max_saved_params=settings.MAX_SAVED_MODULE_PARAMS,
             max_config_bytes=MAX_CONFIG_BYTES,
             max_weights_bytes=settings.MAX_ADAPTER_BYTES,
             base_model_name=base_model.name,

@@ -183,6 +183,14 @@ def _targets(result: ValidationResult) -> list[str]:
     )
 
 
+def _rank(result: ValidationResult) -> int | None:
+    """The largest rank of any module (a `rank_pattern` may raise some above `r`): what a
+    device slot must hold. Before a spec, the config's `r` as far as it is a number."""
+    if result.spec is not None:
+        return max(result.spec.max_rank, result.spec.rank)
+    return _int_or_none(result.config.get("r"))
+
+
 def _finish(version_id: int, result: ValidationResult, *, revision: str) -> AdapterVersion | None:
     verdict = Status.READY if result.ok else Status.REJECTED
     detail = result.summary()
@@ -194,7 +202,7 @@ def _finish(version_id: int, result: ValidationResult, *, revision: str) -> Adap
         when=lambda v: v.status == Status.VALIDATING,  # else deleted, or another run decided
         report=result.report(),
         status_detail=detail,
-        rank=_int_or_none(result.config.get("r")),
+        rank=_rank(result),
         alpha=_float_or_none(result.config.get("lora_alpha")),
         target_modules=printable(_targets(result)),
         spec=printable(result.spec.to_dict()) if result.spec else None,
@@ -233,6 +241,7 @@ def adapter_version_validate(*, version_id: int) -> AdapterVersion | None:
                 Path(tmp) / WEIGHTS_FILE,
                 fingerprint=ArchFingerprint.from_dict(base.fingerprint),
                 max_lora_rank=settings.MAX_LORA_RANK,
+                max_saved_params=settings.MAX_SAVED_MODULE_PARAMS,
                 max_config_bytes=MAX_CONFIG_BYTES,
                 max_weights_bytes=settings.MAX_ADAPTER_BYTES,
                 base_model_name=base.name,

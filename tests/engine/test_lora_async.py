@@ -23,6 +23,8 @@ LORA_KEYS = {
     "evictions",
     "slots_used",
     "slots_total",
+    "host_bytes",
+    "extras_bytes_used",
     "adapters_waiting",
     "running_adapters",
     "waiting_adapter_names",

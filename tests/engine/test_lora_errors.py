@@ -43,9 +43,15 @@ def _poison(w):
 
 # name -> (how to make it from the good adapter or with PEFT, words the error must contain)
 REFUSED = {
-    "dora": ({"use_dora": True}, "use_dora: DoRA adapters are not supported"),
+    "dora_without_magnitudes": (
+        {"config": {"use_dora": True}},
+        "needs a lora_magnitude_vector per adapted module; none for model.layers.0.self_attn.k_proj",
+    ),
     "lora_bias": ({"lora_bias": True}, "lora_bias"),
-    "modules_to_save": ({"modules_to_save": ["lm_head"]}, "modules_to_save"),
+    "modules_to_save_norm": (
+        {"modules_to_save": ["norm"]},
+        "modules_to_save lists 'norm'; only embed_tokens and lm_head are served whole",
+    ),
     "rank_above_max": ({"rank": 32, "alpha": 32}, "above this platform's maximum LoRA rank 16"),
     "unknown_module": (_rename("self_attn.k_proj", "mlp.fc1"), "has no such module"),
     "bad_shape": (
@@ -82,6 +88,10 @@ def _bad_adapter(name, adapters, tmp_path):
     how, _ = REFUSED[name]
     if how is None:
         return tmp_path / "nowhere"
+    if isinstance(how, dict) and "config" in how:
+        return corrupt(
+            adapters("good", **GOOD), tmp_path / name, config=lambda c: c.update(how["config"])
+        )
     if isinstance(how, dict):
         return adapters(name, **(GOOD | how))
     return corrupt(adapters("good", **GOOD), tmp_path / name, tensors=how)

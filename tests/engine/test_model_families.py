@@ -57,9 +57,9 @@ def _compare_steps(
 def test_logits_match_transformers_past_the_window(family_dir, mode):
     family, folder = family_dir
     hf = _hf(folder)
-    kwargs = {"max_model_len": 32} if family == "phi3" else {}  # LongRoPE's short factors
+    kwargs = {}
     if mode == "chunked":  # prompts split over steps: later chunks read the paged cache
-        kwargs |= {"max_num_batched_tokens": 7, "max_num_seqs": 4}
+        kwargs = {"max_num_batched_tokens": 7, "max_num_seqs": 4}
     engine = LLMEngine(model=folder, block_size=4, kv_cache_bytes=1 << 20, **kwargs)
     if mode == "buffered":
         engine.model_runner.decode_buffer_headroom = 2
@@ -70,15 +70,41 @@ def test_logits_match_transformers_past_the_window(family_dir, mode):
     _compare_steps(engine, hf, prompts, DECODE_STEPS)
 
 
-def test_phi3_long_context_uses_longrope_long_factors(tmp_path):
-    """Past the original 32 positions, transformers switches to the long factors; an engine
-    whose sequences may reach past them uses the long factors throughout."""
+def test_phi3_longrope_switches_factors_where_transformers_does(tmp_path):
+    """Prompts longer than the original 32 positions rotate with the long factors
+    throughout; a shorter one with the short factors until it grows past 32 tokens, when
+    transformers' generate recomputes it with the long ones: each step's logits equal
+    generate's."""
     folder = make_tiny_model(tmp_path, "phi3")
+    hf = _hf(folder)
     engine = LLMEngine(model=folder, block_size=4, kv_cache_bytes=1 << 20)
     assert engine.config.max_model_len == 128
     torch.manual_seed(2)
-    prompts = [torch.randint(3, 384, (n,)).tolist() for n in (33, 45)]
-    _compare_steps(engine, _hf(folder), prompts, 4)
+    long_prompts = [torch.randint(3, 384, (n,)).tolist() for n in (33, 45)]
+    crossing = torch.randint(3, 384, (28,)).tolist()
+    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    engine.add_request(EngineRequest("cross", prompt_token_ids=crossing, sampling_params=params))
+    _compare_steps(engine, hf, long_prompts, 4, tag="long")  # steps "cross" alongside
+    [cross] = [s for s in engine.scheduler.running if s.request_id == "cross"]
+    assert len(cross) <= 32 and engine.abort("long0") and engine.abort("long1")
+    with torch.no_grad():
+        generated = hf.generate(
+            torch.tensor([crossing]),
+            max_new_tokens=len(cross) - len(crossing) + 6,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+    assert cross.token_ids == generated.sequences[0, : len(cross)].tolist()
+    for _ in range(6):  # on past position 32
+        [(seq, row)] = step_logits(engine)
+        expected = generated.logits[len(seq) - len(crossing)][0]
+        torch.testing.assert_close(row, expected, atol=1e-4, rtol=0)
+        seq.token_ids.append(int(expected.argmax()))
+    # crossing position 32 recomputed the sequence (transformers' generate does the same)
+    assert cross.num_preemptions == 1 and cross.cached_long_rope is True
 
 
 def test_prefix_cache_hit_past_the_window_matches_transformers(tmp_path):
@@ -97,7 +123,7 @@ def test_prefix_cache_hit_past_the_window_matches_transformers(tmp_path):
 def test_generation_matches_transformers_greedy(family_dir):
     family, folder = family_dir
     hf = _hf(folder)
-    engine = LLMEngine(model=folder, kv_cache_bytes=1 << 20, max_model_len=32)
+    engine = LLMEngine(model=folder, kv_cache_bytes=1 << 20, max_model_len=32)  # no LongRoPE switch
     prompt = engine.tokenizer.encode("The quick brown fox")
     params = SamplingParams(temperature=0, max_tokens=32 - len(prompt), ignore_eos=True)
     [out] = engine.generate([prompt], params)
@@ -271,3 +297,15 @@ def test_early_phi3_su_rope_is_longrope():
     assert scaling["attention_factor"] == pytest.approx(
         1.1902, abs=1e-4
     )  # sqrt(1 + ln 32 / ln 4096)
+
+
+@pytest.mark.parametrize(
+    "setting", [{"lora_extra_bytes": -1}, {"max_saved_module_params": 0}, {"lora_extra_bytes": "1"}]
+)
+def test_bad_lora_memory_settings_are_refused(tmp_path, setting):
+    from inference.engine.config import EngineConfig
+    from inference.engine.errors import ConfigError
+
+    folder = make_tiny_model(tmp_path, "qwen2")
+    with pytest.raises(ConfigError, match=next(iter(setting))):
+        EngineConfig(model=folder, **setting)

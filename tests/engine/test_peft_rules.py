@@ -8,9 +8,7 @@ import time
 
 import pytest
 import torch
-from peft import LoraConfig, get_peft_model
 from safetensors.torch import load_file, save_file
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from inference.engine.formats.safetensors_header import parse_header
 from inference.engine.lora.peft_rules import (
@@ -28,45 +26,26 @@ from inference.engine.lora.peft_rules import (
     parse_config,
     require_valid,
 )
+from tests.engine.peft_rule_helpers import (
+    ALL_LINEAR,
+    ATTENTION,
+    KEY,
+    MAX_RANK,
+    failed,
+    make_adapter,
+    mutate,
+    rename,
+    report_for,
+    tiny_config,
+)
 from tests.fresh_python import modules_after
 
-ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
-ALL_LINEAR = ATTENTION + ["gate_proj", "up_proj", "down_proj"]
-BASE_NAME = "tiny/llama-test"
-MAX_RANK = 16
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")  # PEFT's notes on odd adapters
-
-
-def tiny_config(**overrides) -> LlamaConfig:
-    dims = dict(
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=128,
-        vocab_size=256,
-    )
-    return LlamaConfig(**(dims | overrides))
 
 
 @pytest.fixture(scope="module")
 def fingerprint() -> ArchFingerprint:
     return fingerprint_from_config(tiny_config().to_dict())
-
-
-def make_adapter(folder, seed=0, **lora):
-    """Save a real PEFT adapter with random A and B (PEFT starts B at zero)."""
-    torch.manual_seed(seed)
-    model = get_peft_model(LlamaForCausalLM(tiny_config()), LoraConfig(**lora))
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_" in name:
-                p.normal_(std=0.1)
-    model.save_pretrained(folder)
-    config = json.loads((folder / CONFIG_FILE).read_text())  # set after saving: PEFT would
-    config["base_model_name_or_path"] = BASE_NAME  # try to fetch this name from the hub
-    (folder / CONFIG_FILE).write_text(json.dumps(config))
-    return model
 
 
 @pytest.fixture(scope="module")
@@ -75,38 +54,6 @@ def good(tmp_path_factory):
     folder = tmp_path_factory.mktemp("good")
     make_adapter(folder, r=4, lora_alpha=8, target_modules=ATTENTION)
     return folder
-
-
-def report_for(folder, fingerprint, **kw):
-    kw = {"max_lora_rank": MAX_RANK, "expected_base_name": BASE_NAME} | kw
-    config = (folder / CONFIG_FILE).read_bytes()
-    header = parse_header(folder / WEIGHTS_FILE)
-    return check_adapter(config, header, fingerprint, weights_path=folder / WEIGHTS_FILE, **kw)
-
-
-def failed(report) -> dict[str, str]:
-    assert not report.ok and report.spec is None
-    return {c.name: c.message for c in report.failures}
-
-
-def mutate(good, tmp_path, config=None, tensors=None):
-    """A copy of the good adapter with config fields replaced and tensors rewritten."""
-    folder = tmp_path / "mutated"
-    folder.mkdir()
-    cfg = json.loads((good / CONFIG_FILE).read_text()) | (config or {})
-    (folder / CONFIG_FILE).write_text(json.dumps(cfg))
-    weights = load_file(good / WEIGHTS_FILE)
-    if tensors is not None:
-        weights = tensors(weights)
-    save_file(weights, folder / WEIGHTS_FILE, metadata={"format": "pt"})
-    return folder
-
-
-def rename(old: str, new: str):
-    return lambda w: {k.replace(old, new): v for k, v in w.items()}
-
-
-KEY = "base_model.model.model.layers.{}.self_attn.{}.lora_{}.weight"
 
 
 # ------------------------------------------------------------------ adapters that pass
@@ -187,14 +134,12 @@ def test_same_base_model_by_local_path_is_no_warning(good, tmp_path, fingerprint
         ("r", 0, "r", "positive integer"),
         ("lora_alpha", None, "lora_alpha", "positive number"),
         ("lora_alpha", -8, "lora_alpha", "positive number"),
-        ("use_dora", True, "use_dora", "DoRA"),
         ("bias", "all", "bias", "bias is 'all'"),
-        ("modules_to_save", ["score"], "modules_to_save", "modules_to_save"),
-        ("rank_pattern", {"q_proj": 8}, "rank_pattern", "rank_pattern"),
-        ("alpha_pattern", {"q_proj": 8}, "alpha_pattern", "alpha_pattern"),
+        ("modules_to_save", ["score"], "saved_modules", "only embed_tokens and lm_head"),
         ("fan_in_fan_out", True, "fan_in_fan_out", "fan_in_fan_out"),
         ("layer_replication", [[0, 2], [1, 2]], "layer_replication", "layer_replication"),
-        ("target_modules", ["q_proj", "lm_head"], "target_modules", "lm_head"),
+        ("trainable_token_indices", [1, 2], "trainable_token_indices", "trainable token"),
+        ("lora_bias", True, "lora_bias", "LoRA bias terms"),
     ],
 )
 def test_unsupported_config_field_is_refused_naming_it(
@@ -221,13 +166,6 @@ def test_unreadable_config_is_a_failed_check(good, fingerprint, raw, words):
 # ------------------------------------------------------------------ tensor refusals
 
 
-def test_dora_adapter_is_refused(tmp_path, fingerprint):
-    make_adapter(tmp_path, r=4, lora_alpha=8, target_modules=["q_proj"], use_dora=True)
-    failures = failed(report_for(tmp_path, fingerprint))
-    assert "DoRA" in failures["use_dora"]
-    assert "lora_magnitude_vector" in failures["dora_tensors"]
-
-
 def test_lora_bias_adapter_is_refused(tmp_path, fingerprint):
     make_adapter(tmp_path, r=4, lora_alpha=8, target_modules=["q_proj"], lora_bias=True)
     failures = failed(report_for(tmp_path, fingerprint))
@@ -235,20 +173,11 @@ def test_lora_bias_adapter_is_refused(tmp_path, fingerprint):
     assert "lora_B.bias" in failures["lora_bias_tensors"]
 
 
-def test_embedding_lora_is_refused(tmp_path, fingerprint):
-    make_adapter(tmp_path, r=4, lora_alpha=8, target_modules=["embed_tokens", "lm_head", "q_proj"])
-    failures = failed(report_for(tmp_path, fingerprint))
-    assert "embed_tokens, lm_head" in failures["target_modules"]
-    assert "lora_embedding_A" in failures["embedding_lora"]
-
-
-def test_modules_to_save_adapter_is_refused(tmp_path, fingerprint):
-    make_adapter(
-        tmp_path, r=4, lora_alpha=8, target_modules=["q_proj"], modules_to_save=["lm_head"]
-    )
-    failures = failed(report_for(tmp_path, fingerprint))
-    assert "modules_to_save" in failures["modules_to_save"]
-    assert "base_model.model.lm_head.weight" in failures["embedding_lora"]
+def test_modules_to_save_of_another_module_is_refused(tmp_path, fingerprint):
+    make_adapter(tmp_path, r=4, lora_alpha=8, target_modules=["q_proj"], modules_to_save=["norm"])
+    message = failed(report_for(tmp_path, fingerprint))["saved_modules"]
+    assert "modules_to_save lists 'norm'; only embed_tokens and lm_head" in message
+    assert "fully trained model.layers.0.input_layernorm" in message and "and 3 more" in message
 
 
 def test_tensor_rank_different_from_r_is_refused(good, tmp_path, fingerprint):
@@ -408,7 +337,8 @@ def test_a_config_number_too_long_to_convert_cheaply_is_refused(good, fingerprin
         ("peft_type", "X" * 100_000),
         ("r", ["x" * 10_000] * 100),
         ("bias", "b" * 100_000),
-        ("target_modules", ["x" * 10_000 + ".embed_tokens", "y" * 10_000 + ".lm_head"]),
+        ("modules_to_save", ["x" * 10_000 + ".norm", "y" * 10_000]),
+        ("rank_pattern", {"x" * 10_000: 99, "(" * 100: 1}),
     ],
 )
 def test_messages_quote_config_values_briefly(good, tmp_path, fingerprint, field, value):
@@ -438,7 +368,9 @@ def test_the_adapter_header_is_limited_to_what_an_adapter_needs(good, tmp_path, 
 
 def test_loader_refuses_an_invalid_adapter_listing_the_failures(good, tmp_path, fingerprint):
     folder = mutate(good, tmp_path, config={"use_dora": True, "r": 8})
-    with pytest.raises(AdapterError, match=r"use_dora: .*tensor_rank: "):
+    with pytest.raises(
+        AdapterError, match=r"dora: .*lora_magnitude_vector per adapted module.*tensor_rank: "
+    ):
         load_adapter_tensors(folder, fingerprint, max_lora_rank=MAX_RANK)
 
 

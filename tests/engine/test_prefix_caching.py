@@ -235,7 +235,7 @@ def test_block_names_chain_the_whole_prefix_and_the_adapter():
 
     class Seq:
         def __init__(self, ids, adapter=None):
-            self.token_ids, self.block_hashes = ids, []
+            self.token_ids, self.block_hashes, self.hash_root = ids, [], None
             self.lora_request = None if adapter is None else type("L", (), {"adapter_id": adapter})
 
         def __len__(self):

@@ -18,7 +18,9 @@ import pytest
 from registry.services.adapters import adapter_create
 from registry.services.base_models import base_model_import
 from tests.peft_adapters import make_peft_adapter
+from tests.registry.peft_variants import make_variant
 from tests.tiny_llama import make_tiny_llama
+from tests.tiny_models import FAMILIES, make_tiny_model
 
 BASE_NAME = "tiny-llama"
 ALICE_ACTOR = "user:alice@example.com"
@@ -52,6 +54,48 @@ def second_adapter_dir(tiny_base_dir, tmp_path_factory) -> Path:
         seed=1,
         base_model_name=BASE_NAME,
     )
+
+
+# ---------------------------------------------------------------- model families (session)
+
+# What PEFT can target in each family's checkpoint: Phi-3 fuses q/k/v and gate/up.
+PHI3_TARGETS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+SEVEN_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def targets_of(family: str) -> tuple[str, ...]:
+    """Every linear projection of a layer of `family`, as PEFT names it."""
+    return PHI3_TARGETS if family == "phi3" else SEVEN_TARGETS
+
+
+@pytest.fixture(scope="session")
+def family_base_dir(tmp_path_factory):
+    """family_base_dir(family) -> the tiny model of that family (tests/tiny_models.py), made
+    once per session: each family has its own shapes, as real checkpoints do."""
+    made: dict[str, Path] = {}
+
+    def get(family: str) -> Path:
+        assert family in FAMILIES, family
+        if family not in made:
+            made[family] = make_tiny_model(tmp_path_factory.mktemp(f"tiny-{family}"), family)
+        return made[family]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def variant_dir(family_base_dir, tmp_path_factory):
+    """variant_dir(family, variant) -> a real PEFT adapter of that variant
+    (tests/registry/peft_variants.py) for that family's tiny model, made once per session."""
+    made: dict[tuple[str, str], Path] = {}
+
+    def get(family: str, variant: str) -> Path:
+        if (family, variant) not in made:
+            out = tmp_path_factory.mktemp(f"{family}-{variant}")
+            made[(family, variant)] = make_variant(family_base_dir(family), out, family, variant)
+        return made[(family, variant)]
+
+    return get
 
 
 # ---------------------------------------------------------------- storage

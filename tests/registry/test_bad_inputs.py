@@ -10,7 +10,7 @@ import json
 
 import pytest
 import torch
-from safetensors.torch import load
+from safetensors.torch import load, save
 
 from registry.models import AdapterVersion
 from registry.services.versions import adapter_version_validate
@@ -116,7 +116,8 @@ CONTENT_CASES = [
     ("layer_index_out_of_range", weights_by(st.rename, "layers.1.", "layers.7."), "layers", "found layer 7"),
     ("nan_weights", weights_by(st.poison_first_float, float("nan")), "finite", "NaN or Inf"),
     ("inf_weights", weights_by(st.poison_first_float, float("inf")), "finite", "NaN or Inf"),
-    ("modules_to_save", config_with(modules_to_save=["lm_head"]), "modules_to_save", "not supported"),
+    ("modules_to_save_of_a_layer_norm", config_with(modules_to_save=["norm"]), "saved_modules",
+     "only embed_tokens and lm_head are served whole"),
     ("missing_r", config_with(r=DELETE), "r", "positive integer"),
     ("missing_lora_alpha", config_with(lora_alpha=DELETE), "lora_alpha", "positive number"),
     ("missing_peft_type", config_with(peft_type=DELETE), "peft_type", "LORA"),
@@ -164,11 +165,13 @@ def test_rank_above_the_deployment_maximum_is_rejected(client, adapter, good_ada
     assert "r is 4, above this platform's maximum LoRA rank 2" in failed["r"]
 
 
-def test_dora_is_rejected(client, adapter, dora_dir):
-    body = rejected_report(client, adapter, *good(dora_dir))
+def test_dora_without_its_magnitudes_is_rejected(client, adapter, dora_dir):
+    """DoRA is served; one whose magnitude vectors are missing is not."""
+    config, weights = good(dora_dir)
+    tensors = {k: v for k, v in load(weights).items() if "lora_magnitude_vector" not in k}
+    body = rejected_report(client, adapter, config, save(tensors))
     failed = {c["name"]: c["message"] for c in body["report"] if not c["passed"]}
-    assert "DoRA" in failed["use_dora"]
-    assert "DoRA" in failed["dora_tensors"]
+    assert "needs a lora_magnitude_vector per adapted module" in failed["dora"]
 
 
 def test_a_foreign_base_model_name_is_a_warning_not_a_rejection(client, adapter, good_adapter_dir):

@@ -1,7 +1,9 @@
 """Adapters in host memory, and the loads that bring them there from disk.
 
-At most `max_cpu_loras` host copies (pinned memory on CUDA), least recently used evicted
-first, but never one that a waiting request or a pin still needs to swap in. Loads run on
+At most `max_cpu_loras` host copies (pinned memory on CUDA) and `max_bytes` of them (an
+adapter's extras, such as a saved head, can make it far larger than a slot row), least
+recently used evicted first, but never one that a waiting request or a pin still needs to
+swap in. Loads run on
 the loader's threads (loader.py) and are taken in at a step boundary, so the step thread
 never waits for a disk or the network; one load serves every request for an adapter (single
 flight), and loads wait in a queue while their results would not fit next to the copies
@@ -23,9 +25,11 @@ class HostCache:
         capacity: int,
         metrics: EngineMetrics,
         loader: AdapterLoader,
+        max_bytes: int,
     ):
         self.adapters = adapters  # the manager's table, shared
         self.capacity = capacity
+        self.max_bytes = max_bytes
         self.metrics = metrics
         self.loader = loader
         self.lru: OrderedDict[str, None] = OrderedDict()  # in host memory, least recent first
@@ -91,13 +95,20 @@ class HostCache:
             entry.futures.clear()
         return failed
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the host copies, extras included."""
+        return sum(h.nbytes for i in self.lru if (h := self.adapters[i].host) is not None)
+
     def _shrink(self) -> None:
         """Evict least recently used host copies that nobody waits to swap in."""
+        nbytes = self.nbytes
         for adapter_id in list(self.lru):
-            if len(self.lru) <= self.capacity:
+            if len(self.lru) <= self.capacity and nbytes <= self.max_bytes:
                 return
             entry = self.adapters[adapter_id]
             if not entry.needs_host:
+                nbytes -= entry.host.nbytes if entry.host is not None else 0
                 entry.host = None
                 del self.lru[adapter_id]
                 self.metrics.lora_evictions["host"] += 1

@@ -1,6 +1,8 @@
 """Loading an adapter, off the step thread: its folder (or one the loader callback stages),
-every PEFT rule (`peft_rules.load_adapter_tensors`, the one copy of the rules), then one
-slot row in host memory (pinned on CUDA), ready to be copied into a device slot.
+every PEFT rule (`peft_rules.load_adapter`, the one copy of the rules), then one slot row
+in host memory (pinned on CUDA), ready to be copied into a device slot, and the adapter's
+extras (DoRA scales computed against the base weights, LoRA on embed_tokens / lm_head,
+saved heads) when it has any.
 
 Results wait in a queue until the host cache takes them in at a step boundary; `wakeup`
 tells a sleeping step loop that one arrived.
@@ -20,7 +22,7 @@ import torch
 from ..errors import AdapterLoadError
 from ..request import LoRARequest
 from ..utils import drain
-from .peft_rules import AdapterError, ArchFingerprint, load_adapter_tensors
+from .peft_rules import AdapterError, ArchFingerprint, load_adapter
 from .slots import HostAdapter, LoRASlots
 
 logger = logging.getLogger(__name__)
@@ -92,11 +94,14 @@ class AdapterLoader:
                     raise AdapterLoadError(f"the loader could not fetch it: {e}") from e
                 if path is None or not os.path.isdir(path):
                     raise AdapterLoadError(f"the loader returned {path!r}, which is not a folder")
-            spec, tensors = load_adapter_tensors(
-                path, self.fingerprint, max_lora_rank=self.slots.max_rank
+            spec, tensors = load_adapter(
+                path,
+                self.fingerprint,
+                max_lora_rank=self.slots.max_rank,
+                max_saved_params=self.slots.max_saved_params,
             )
-            row = self.slots.pack(spec, tensors, pin=self._pin_memory)
-            adapter = HostAdapter(req, spec, row, os.fspath(path))
+            row, extras = self.slots.pack(spec, tensors, pin=self._pin_memory)
+            adapter = HostAdapter(req, spec, row, os.fspath(path), extras)
         except (AdapterError, AdapterLoadError) as e:
             error = AdapterLoadError(
                 f"adapter {req.name!r} ({req.adapter_id}) cannot be served: {e}"

@@ -33,7 +33,12 @@ class LoRAManager:
         self.lock = threading.RLock()
         self.loader = loader
         self.allocator = SlotAllocator(loader.slots, self.adapters, metrics)
-        self.host_cache = HostCache(self.adapters, max_cpu_loras, metrics, loader)
+        slots = loader.slots
+        # host memory holds as many extras per adapter, on average, as the device arena
+        host_bytes = max_cpu_loras * slots.row_nbytes + (
+            -(-max_cpu_loras // slots.num_slots) * slots.arena.nbytes
+        )
+        self.host_cache = HostCache(self.adapters, max_cpu_loras, metrics, loader, host_bytes)
 
     # -- requests (step thread) -------------------------------------------------------------
 
@@ -93,9 +98,9 @@ class LoRAManager:
             if entry.host is None:
                 self.host_cache.want(entry)
                 return
-            slot = self.allocator.free_slot()
+            slot = self.allocator.free_slot(entry)
             if slot is None:
-                self.allocator.choose_draining()
+                self.allocator.choose_draining(entry)
                 return
             self._swap_in(entry, slot)
             self.allocator.release_reservation()
@@ -121,10 +126,11 @@ class LoRAManager:
                 return False
             if self.allocator.reserved not in (None, req.adapter_id):
                 return False  # the next free slot is promised to an older adapter
-            slot = self.allocator.free_slot()
+            slot = self.allocator.free_slot(entry)
             if slot is None:
-                self.allocator.reserved = req.adapter_id
-                self.allocator.choose_draining()
+                if not self.allocator.pinned_out(entry):  # else waiting would block everyone
+                    self.allocator.reserved = req.adapter_id
+                    self.allocator.choose_draining(entry)
                 return False
             self._swap_in(entry, slot)
             if self.allocator.reserved == req.adapter_id:
@@ -140,7 +146,7 @@ class LoRAManager:
         """Pinned adapters in host memory take a free (or idle) slot."""
         for entry in list(self.adapters.values()):
             if entry.pinned and entry.slot is None and entry.host is not None:
-                if (slot := self.allocator.free_slot()) is None:
+                if (slot := self.allocator.free_slot(entry)) is None:
                     return
                 self._swap_in(entry, slot)
 
@@ -241,7 +247,7 @@ class LoRAManager:
                     "slot": a.slot,
                     "pinned": a.pinned,
                     "loading": a.load is not None or a.queued,
-                    "rank": a.host.spec.rank if a.host else None,
+                    "rank": a.host.spec.max_rank if a.host else None,
                     "running": len(a.running),
                     "waiting": a.num_waiting,
                 }
@@ -255,6 +261,9 @@ class LoRAManager:
             return {
                 **self.metrics.lora_counters(),
                 "slots_used": self.allocator.num_used,
+                "host_bytes": self.host_cache.nbytes,
+                "extras_bytes_used": self.allocator.slots.arena.used
+                * self.allocator.slots.dtype.itemsize,
                 "slots_total": self.allocator.slots.num_slots,
                 "adapters_waiting": len(waiting),
                 "running_adapters": running,

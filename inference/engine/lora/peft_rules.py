@@ -2,11 +2,17 @@
 
 One place for the rules: the registry's validator calls `check_adapter` on an
 upload (header only, no torch, nothing unpickled) and the engine's loader calls
-`load_adapter_tensors`, which runs the same checks before it reads a tensor.
+`load_adapter`, which runs the same checks before it reads a tensor.
 The tensors, not `target_modules`, say what is adapted: an adapter whose names
 do not match the base model must be refused, never served as the base model.
 Every number from the files is bounded before arithmetic and every value is
 quoted briefly, so a hostile file gets a report, never an exception.
+
+Served: LoRA on every layer projection (per-module rank and alpha from `rank_pattern` /
+`alpha_pattern`, rsLoRA), DoRA (`use_dora`: a magnitude vector per adapted module), LoRA on
+`embed_tokens` and `lm_head`, and full copies of those two (`modules_to_save`) up to
+`max_saved_params` parameters (LORAPLEX_MAX_SAVED_MODULE_PARAMS). Phi-3 adapters name fused `qkv_proj` / `gate_up_proj`; they
+are split here into the engine's q/k/v and gate/up slices (A shared, B split by rows).
 """
 
 from __future__ import annotations
@@ -14,46 +20,97 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TypeGuard
 
 from ..formats.safetensors_header import (
     HeaderError,
     SafetensorsHeader,
-    TensorInfo,
     check_finite,
     parse_header,
     show,
 )
+from .fingerprint import (
+    ATTENTION_MODULES,
+    HEAD_MODULES,
+    MLP_MODULES,
+    TARGET_MODULES,
+    ArchFingerprint,
+    FingerprintError,
+    fingerprint_from_config,
+    is_positive_int,
+)
+from .patterns import MAX_PATTERN_ENTRIES, pattern_problem
+from .report import AdapterError, AdapterReport, AdapterSpec, Check, listing, require_valid
+from .tensor_checks import (
+    FLOAT_DTYPES,
+    KEY_EXAMPLE,
+    SAVED_MODULE_PARAMS_ENV,
+    ModuleRules,
+    module_order,
+    tensor_checks,
+)
+from .tensor_names import (
+    BASE_COPY,
+    HEAD_LAYER,
+    MAGNITUDE,
+    SAVED,
+    ClassifiedNames,
+    FactorNames,
+    ModuleKey,
+)
+from .tensor_names import A as PART_A
+from .tensor_names import B as PART_B
 
 if TYPE_CHECKING:
     import torch
 
-ATTENTION_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
-MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
-TARGET_MODULES = ATTENTION_MODULES + MLP_MODULES
-PARENT = {m: "self_attn" for m in ATTENTION_MODULES} | {m: "mlp" for m in MLP_MODULES}
-FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")
+__all__ = [
+    "ATTENTION_MODULES",
+    "AdapterError",
+    "AdapterReport",
+    "AdapterSpec",
+    "AdapterTensors",
+    "ArchFingerprint",
+    "CONFIG_FILE",
+    "Check",
+    "FLOAT_DTYPES",
+    "FactorNames",
+    "FingerprintError",
+    "HEAD_LAYER",
+    "HEAD_MODULES",
+    "KEY_EXAMPLE",
+    "MAX_ADAPTER_HEADER_BYTES",
+    "MAX_LORA_ALPHA",
+    "MAX_TARGET_MODULES",
+    "MLP_MODULES",
+    "SAVED_MODULE_PARAMS_ENV",
+    "TARGET_MODULES",
+    "WEIGHTS_FILE",
+    "check_adapter",
+    "fingerprint_from_config",
+    "load_adapter",
+    "load_adapter_tensors",
+    "parse_config",
+    "require_valid",
+]
+
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
-KEY_EXAMPLE = "base_model.model.model.layers.{i}.self_attn.q_proj.lora_A.weight"
 # Sane ranges, far beyond real adapters: alpha is usually r or 2r; a 126-layer model's
 # adapter on all seven projections has a header of about 250 KB.
 MAX_LORA_ALPHA = 2**16
 MAX_TARGET_MODULES = 4096
 MAX_ADAPTER_HEADER_BYTES = 1024 * 1024
-_MAX_LAYER_DIGITS = 6
 _MAX_CONFIG_NUMBER_CHARS = 1000  # converting digits costs time quadratic in their count
+# A full copy of embed_tokens or lm_head is served per adapter when it is this small: 2**25
+# parameters (64 MiB in bf16) holds SmolLM2's 49152 x 576 head; a 7B model's does not fit.
+DEFAULT_MAX_SAVED_MODULE_PARAMS = 2**25
 
 # PEFT features that change the forward pass in ways the engine does not
 # implement: (field, why). A field counts as used unless None/False/empty.
 UNSUPPORTED_FIELDS = (
-    ("use_dora", "DoRA adapters are not supported; train with use_dora=False"),
-    ("modules_to_save", "fully trained modules (modules_to_save) are not supported"),
-    ("rank_pattern", "per-module ranks (rank_pattern) are not supported; use one r"),
-    ("alpha_pattern", "per-module alphas (alpha_pattern) are not supported; use one lora_alpha"),
     ("fan_in_fan_out", "fan_in_fan_out=True (Conv1D weights) does not fit Llama linear layers"),
     ("lora_bias", "LoRA bias terms (lora_bias=True) are not supported"),
     ("layer_replication", "layer_replication changes the model's layers; not supported"),
@@ -66,172 +123,6 @@ UNSUPPORTED_FIELDS = (
     ("kasa_config", "KaSA (kasa_config) changes the base weights; not supported"),
     ("monteclora_config", "MonteCLoRA (monteclora_config) is not supported"),
 )
-_EMBEDDING_NAMES = ("embed_tokens", "lm_head")
-_LAYER_KEY = re.compile(r"base_model\.model\.(?:model\.)?layers\.(0|[1-9][0-9]*)\.(.+)")
-_LORA_WEIGHT = re.compile(r"(.+)\.lora_(A|B)\.weight")
-
-# (layer, module, "A" or "B") -> the tensor's name in the file
-FactorNames = dict[tuple[int, str, str], str]
-
-
-class AdapterError(ValueError):
-    """The adapter cannot be served; the message says why."""
-
-
-class FingerprintError(ValueError):
-    """A base model config.json lacks what the engine needs to know."""
-
-
-# ---------------------------------------------------------------- fingerprint
-
-
-@dataclass(frozen=True)
-class ArchFingerprint:
-    """The base model's shapes an adapter must fit; stored by the registry as JSON."""
-
-    architecture: str
-    num_layers: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    intermediate: int
-    vocab: int
-
-    @property
-    def modules(self) -> dict[str, tuple[int, int]]:
-        """(in_features, out_features) of each linear a LoRA may target."""
-        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        return {
-            "q_proj": (self.hidden, q),
-            "k_proj": (self.hidden, kv),
-            "v_proj": (self.hidden, kv),
-            "o_proj": (q, self.hidden),
-            "gate_proj": (self.hidden, self.intermediate),
-            "up_proj": (self.hidden, self.intermediate),
-            "down_proj": (self.intermediate, self.hidden),
-        }
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self) | {"modules": {m: list(io) for m, io in self.modules.items()}}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> ArchFingerprint:
-        try:
-            fp = cls(**{k: d[k] for k in cls.__dataclass_fields__})
-        except (KeyError, TypeError) as e:
-            raise FingerprintError(f"stored fingerprint is incomplete: missing {e}") from None
-        ints = {k: v for k, v in asdict(fp).items() if k != "architecture"}
-        if not isinstance(fp.architecture, str) or not all(map(_is_positive_int, ints.values())):
-            raise FingerprintError(f"stored fingerprint has invalid values: {d!r}")
-        stored = d.get("modules")
-        if stored is not None and stored != fp.to_dict()["modules"]:
-            raise FingerprintError("stored fingerprint's modules disagree with its dimensions")
-        return fp
-
-
-def fingerprint_from_config(cfg: dict[str, Any]) -> ArchFingerprint:
-    """Read a Hugging Face config.json dict of a Llama-family model."""
-
-    def need(key: str) -> int:
-        value = cfg.get(key)
-        if not _is_positive_int(value):
-            raise FingerprintError(f"config.json: {key} must be a positive integer, got {value!r}")
-        return value
-
-    archs = cfg.get("architectures")
-    architecture = archs[0] if isinstance(archs, list) and archs else cfg.get("model_type")
-    if not isinstance(architecture, str):
-        raise FingerprintError("config.json names neither architectures nor model_type")
-    hidden, heads = need("hidden_size"), need("num_attention_heads")
-    kv_heads = need("num_key_value_heads") if cfg.get("num_key_value_heads") else heads
-    if cfg.get("head_dim") is not None:
-        head_dim = need("head_dim")
-    elif hidden % heads == 0:
-        head_dim = hidden // heads
-    else:
-        raise FingerprintError(
-            f"config.json: hidden_size {hidden} is not divisible by {heads} heads"
-        )
-    if heads % kv_heads:
-        raise FingerprintError(f"config.json: {heads} heads do not group into {kv_heads} KV heads")
-    return ArchFingerprint(
-        architecture=architecture,
-        num_layers=need("num_hidden_layers"),
-        hidden=hidden,
-        heads=heads,
-        kv_heads=kv_heads,
-        head_dim=head_dim,
-        intermediate=need("intermediate_size"),
-        vocab=need("vocab_size"),
-    )
-
-
-# ---------------------------------------------------------------- report types
-
-
-@dataclass(frozen=True)
-class Check:
-    name: str
-    passed: bool
-    message: str
-    level: str = "error"  # "error" refuses the adapter; "warning" is only reported
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass(frozen=True)
-class AdapterSpec:
-    """What the engine needs to place an adapter into a slot."""
-
-    rank: int
-    lora_alpha: float
-    scale: float
-    use_rslora: bool
-    target_modules: tuple[str, ...]  # present in the tensors, in TARGET_MODULES order
-    layers: tuple[int, ...]
-    dtype: str
-    tensor_names: FactorNames = field(repr=False)
-    base_model_name: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        del d["tensor_names"]
-        return d | {"target_modules": list(self.target_modules), "layers": list(self.layers)}
-
-
-@dataclass
-class AdapterReport:
-    checks: list[Check]
-    spec: AdapterSpec | None = None
-
-    @property
-    def ok(self) -> bool:
-        return all(c.passed for c in self.checks if c.level == "error")
-
-    @property
-    def failures(self) -> list[Check]:
-        return [c for c in self.checks if not c.passed and c.level == "error"]
-
-    @property
-    def warnings(self) -> list[Check]:
-        return [c for c in self.checks if not c.passed and c.level == "warning"]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "ok": self.ok,
-            "checks": [c.to_dict() for c in self.checks],
-            "spec": self.spec.to_dict() if self.spec else None,
-        }
-
-
-def require_valid(report: AdapterReport) -> AdapterSpec:
-    """The spec of a passing report; AdapterError listing the failures otherwise."""
-    if report.ok and report.spec is not None:
-        return report.spec
-    lines = "; ".join(f"{c.name}: {c.message}" for c in report.failures)
-    raise AdapterError(f"adapter refused: {lines or 'no usable LoRA tensors'}")
 
 
 # ---------------------------------------------------------------- config checks
@@ -280,7 +171,7 @@ def _config_checks(
         )
     )
     r = config.get("r")
-    if not _is_positive_int(r):
+    if not is_positive_int(r):
         checks.append(Check("r", False, f"r must be a positive integer, got {show(r)}"))
     elif r > max_lora_rank:
         msg = f"r is {r}, above this platform's maximum LoRA rank {max_lora_rank}; retrain smaller"
@@ -288,11 +179,12 @@ def _config_checks(
     else:
         checks.append(Check("r", True, f"rank {r}"))
     alpha = config.get("lora_alpha")
-    if _is_number(alpha) and 0 < alpha <= MAX_LORA_ALPHA:
+    if _is_alpha(alpha):
         checks.append(Check("lora_alpha", True, f"lora_alpha {alpha}"))
     else:
         msg = f"lora_alpha must be a positive number up to {MAX_LORA_ALPHA}, got {show(alpha)}"
         checks.append(Check("lora_alpha", False, msg))
+    checks += _pattern_checks(config, max_lora_rank)
     used = [(name, why) for name, why in UNSUPPORTED_FIELDS if not _unset(config.get(name))]
     if config.get("bias", "none") not in ("none", None):
         used.append(
@@ -306,10 +198,6 @@ def _config_checks(
     if len(names) > MAX_TARGET_MODULES:
         msg = f"target_modules lists {len(names)} entries; at most {MAX_TARGET_MODULES}"
         checks.append(Check("target_modules", False, msg))
-        names = []
-    embedded = sorted({n for n in names if isinstance(n, str) and _is_embedding(n)})
-    if embedded:
-        checks.append(Check("target_modules", False, _embedding_message(embedded)))
     checks.append(_base_model_check(config.get("base_model_name_or_path"), expected_base))
     task = config.get("task_type")
     if task not in (None, "CAUSAL_LM"):
@@ -318,6 +206,52 @@ def _config_checks(
         )
         checks.append(Check("task_type", False, msg, level="warning"))
     return checks
+
+
+def _pattern_checks(config: dict[str, Any], max_lora_rank: int) -> list[Check]:
+    """rank_pattern / alpha_pattern: safe keys (see patterns.py) and sane values."""
+    checks = []
+    for name in ("rank_pattern", "alpha_pattern"):
+        raw = config.get(name)
+        if _unset(raw):
+            continue
+        if not isinstance(raw, dict):
+            msg = f"{name} must map module name patterns to numbers, got {show(raw)}"
+            checks.append(Check(name, False, msg))
+            continue
+        if len(raw) > MAX_PATTERN_ENTRIES:
+            msg = f"{name} has {len(raw)} entries; at most {MAX_PATTERN_ENTRIES}"
+            checks.append(Check(name, False, msg))
+            continue
+        problems = []
+        for key, value in raw.items():
+            problem = pattern_problem(key)
+            if problem is not None:
+                problems.append(f"key {show(key)} {problem}")
+            elif name == "rank_pattern" and not is_positive_int(value):
+                problems.append(
+                    f"{show(key)}: a rank must be a positive integer, got {show(value)}"
+                )
+            elif name == "rank_pattern" and value > max_lora_rank:
+                problems.append(
+                    f"{show(key)} gets rank {value}, above this platform's maximum LoRA rank "
+                    f"{max_lora_rank}"
+                )
+            elif name == "alpha_pattern" and not _is_alpha(value):
+                problems.append(
+                    f"{show(key)}: alpha must be a positive number up to {MAX_LORA_ALPHA}, "
+                    f"got {show(value)}"
+                )
+        what = "ranks" if name == "rank_pattern" else "alphas"
+        checks.append(listing(name, problems, f"{name}: ", ok=f"{len(raw)} per-module {what}"))
+    return checks
+
+
+def _valid_pattern(config: dict[str, Any], name: str, checks: list[Check]) -> dict[str, Any]:
+    """The pattern to apply: {} when unset or refused (its own check reports why)."""
+    raw = config.get(name)
+    refused = any(c.name == name and not c.passed for c in checks)
+    return raw if isinstance(raw, dict) and not refused else {}
 
 
 def _base_model_check(name: object, expected: str | None) -> Check:
@@ -338,137 +272,8 @@ def _model_key(name: str) -> str:
     return name.strip().rstrip("/").rsplit("/", 1)[-1].lower()
 
 
-# ---------------------------------------------------------------- tensor checks
-
-
-def _classify(names: list[str]) -> tuple[FactorNames, dict[str, list[str]]]:
-    """Split tensor names into LoRA factors keyed by (layer, module, A|B) and problems."""
-    found: FactorNames = {}
-    kinds = ("name", "embedding", "dora", "bias", "module", "huge_layer")
-    bad: dict[str, list[str]] = {k: [] for k in kinds}
-    for name in sorted(names):
-        if "lora_embedding" in name or any(f".{e}." in f".{name}." for e in _EMBEDDING_NAMES):
-            bad["embedding"].append(name)
-        elif "lora_magnitude_vector" in name:
-            bad["dora"].append(name)
-        elif (m := _LAYER_KEY.fullmatch(name)) is None:
-            bad["name"].append(name)
-        elif re.fullmatch(r".+\.lora_[AB]\.bias", m[2]):
-            bad["bias"].append(name)
-        elif (w := _LORA_WEIGHT.fullmatch(m[2])) is None:
-            bad["name"].append(name)
-        elif len(m[1]) > _MAX_LAYER_DIGITS:  # beyond any model: never converted to an int
-            bad["huge_layer"].append(f"{m[1][:12]}… ({len(m[1])} digits)")
-        else:
-            parent, _, module = w[1].rpartition(".")
-            if PARENT.get(module) != parent:
-                bad["module"].append(w[1])
-            else:
-                found[(int(m[1]), module, w[2])] = name
-    return found, bad
-
-
-def _tensor_checks(
-    tensors: dict[str, TensorInfo], config: dict[str, Any], fp: ArchFingerprint, max_lora_rank: int
-) -> tuple[list[Check], FactorNames]:
-    found, bad = _classify(list(tensors))
-    present = {module for _, module, _ in found}
-    layers = sorted({layer for layer, _, _ in found})
-    checks = [
-        _listing("tensor_names", bad["name"], f"names must look like {KEY_EXAMPLE}; bad: "),
-        _listing("embedding_lora", bad["embedding"], _embedding_message([]) + ": "),
-        _listing("dora_tensors", bad["dora"], "DoRA magnitude vectors are not supported: "),
-        _listing("lora_bias_tensors", bad["bias"], "LoRA bias tensors are not supported: "),
-        _listing(
-            "modules",
-            sorted(set(bad["module"])),
-            f"the base model ({fp.architecture}) has no such module; "
-            f"supported: {', '.join(TARGET_MODULES)}; found: ",
-            ok="adapts " + (", ".join(m for m in TARGET_MODULES if m in present) or "nothing"),
-        ),
-    ]
-    checks = [c for c in checks if not c.passed or c.name in ("tensor_names", "modules")]
-    checks.append(
-        _listing(
-            "layers",
-            [str(i) for i in layers if i >= fp.num_layers] + bad["huge_layer"],
-            f"the base model has {fp.num_layers} layers (0-{fp.num_layers - 1}); found layer ",
-            ok=f"adapts {len(layers)} of {fp.num_layers} layers",
-        )
-    )
-    unpaired = [
-        f"{name} has no lora_{'B' if ab == 'A' else 'A'}"
-        for (layer, module, ab), name in found.items()
-        if (layer, module, "B" if ab == "A" else "A") not in found
-    ]
-    checks.append(_listing("pairs", unpaired, "every lora_A needs its lora_B: "))
-    dtypes = sorted({tensors[n].dtype for n in found.values()})
-    if any(d not in FLOAT_DTYPES for d in dtypes):
-        msg = f"LoRA weights must be one of {', '.join(FLOAT_DTYPES)}; found {', '.join(dtypes)}"
-        checks.append(Check("dtype", False, msg))
-    elif len(dtypes) > 1:
-        checks.append(Check("dtype", False, f"LoRA weights mix dtypes {', '.join(dtypes)}"))
-    else:
-        checks.append(Check("dtype", True, dtypes[0] if dtypes else "no tensors"))
-    checks += _shape_checks(found, tensors, config.get("r"), fp, max_lora_rank)
-    return checks, found
-
-
-def _shape_checks(
-    found: FactorNames,
-    tensors: dict[str, TensorInfo],
-    r: object,
-    fp: ArchFingerprint,
-    max_lora_rank: int,
-) -> list[Check]:
-    wrong_rank: list[str] = []
-    wrong_shape: list[str] = []
-    for (layer, module, ab), name in sorted(found.items()):
-        shape = tensors[name].shape
-        if len(shape) != 2:
-            wrong_shape.append(f"{name} is {len(shape)}-D, not a matrix")
-            continue
-        rank = shape[0] if ab == "A" else shape[1]
-        if _is_positive_int(r) and rank != r:
-            wrong_rank.append(f"{name} has rank {rank} but r is {r}")
-        elif rank > max_lora_rank:
-            wrong_rank.append(f"{name} has rank {rank}, above the maximum {max_lora_rank}")
-        if module in fp.modules and layer < fp.num_layers:
-            fan_in, fan_out = fp.modules[module]
-            want = (rank, fan_in) if ab == "A" else (fan_out, rank)
-            if shape != want:
-                wrong_shape.append(f"{name} is {list(shape)}, the base model needs {list(want)}")
-    return [
-        _listing("tensor_rank", wrong_rank, ""),
-        _listing("shapes", wrong_shape, "shapes do not fit the base model: "),
-    ]
-
-
 def _finite_check(bad: list[str]) -> Check:
-    return _listing("finite", bad, "weights contain NaN or Inf (diverged training?): ")
-
-
-def _listing(name: str, problems: list[str], prefix: str, ok: str = "ok", limit: int = 5) -> Check:
-    if not problems:
-        return Check(name, True, ok)
-    more = f" and {len(problems) - limit} more" if len(problems) > limit else ""
-    return Check(name, False, prefix + ", ".join(map(_clip, problems[:limit])) + more)
-
-
-def _clip(text: str, limit: int = 120) -> str:
-    return text if len(text) <= limit else text[:limit] + "…"
-
-
-def _is_embedding(target: str) -> bool:
-    return target.rsplit(".", 1)[-1] in _EMBEDDING_NAMES
-
-
-def _embedding_message(targets: list[str]) -> str:
-    more = f" and {len(targets) - 5} more" if len(targets) > 5 else ""
-    listed = f" ({', '.join(_clip(t, 60) for t in targets[:5])}{more})" if targets else ""
-    return (
-        f"LoRA on embed_tokens or lm_head{listed} is not supported; adapt linear projections only"
-    )
+    return listing("finite", bad, "weights contain NaN or Inf (diverged training?): ")
 
 
 # ---------------------------------------------------------------- entry points
@@ -482,61 +287,105 @@ def check_adapter(
     max_lora_rank: int,
     weights_path: str | os.PathLike[str] | None = None,
     expected_base_name: str | None = None,
+    max_saved_params: int | None = None,
 ) -> AdapterReport:
-    """Every rule, as a report a person can read; with weights_path, values are checked too."""
+    """Every rule, as a report a person can read; with weights_path, values are checked too.
+
+    `max_saved_params` bounds a whole embed_tokens / lm_head copy (default
+    DEFAULT_MAX_SAVED_MODULE_PARAMS; the platform passes LORAPLEX_MAX_SAVED_MODULE_PARAMS)."""
     if not isinstance(config, dict):
         try:
             config = parse_config(config)
         except AdapterError as e:
             return AdapterReport([Check("config", False, str(e))])
+    if max_saved_params is None:
+        max_saved_params = DEFAULT_MAX_SAVED_MODULE_PARAMS
     checks = _config_checks(config, max_lora_rank, expected_base_name)
-    tensor_checks, found = _tensor_checks(header.tensors, config, fingerprint, max_lora_rank)
-    checks += tensor_checks
+    rules = ModuleRules(
+        r=config.get("r"),
+        alpha=config.get("lora_alpha"),
+        rslora=bool(config.get("use_rslora")),
+        rank_pattern=_valid_pattern(config, "rank_pattern", checks),
+        alpha_pattern=_valid_pattern(config, "alpha_pattern", checks),
+    )
+    more, names = tensor_checks(
+        header.tensors, config, rules, fingerprint, max_lora_rank, max_saved_params
+    )
+    checks += more
     if weights_path is not None:
         try:
             checks.append(_finite_check(check_finite(weights_path, header)))
         except (HeaderError, OSError) as e:
             checks.append(Check("finite", False, f"cannot read the weights: {e}"))
-    pairs = sum(1 for k in found if k[2] == "A")
-    if pairs:
-        checks.append(Check("adapts_something", True, f"{pairs} LoRA pairs"))
+    pairs = sum(1 for k in names.found if k[2] == PART_A)
+    saved = sum(1 for k in names.found if k[2] == SAVED)
+    if pairs or saved:
+        whole = f" and {saved} whole modules" if saved else ""
+        checks.append(Check("adapts_something", True, f"{pairs} LoRA pairs{whole}"))
     else:
         msg = "no LoRA tensors for this base model: the adapter would change nothing"
         checks.append(Check("adapts_something", False, msg))
+    # an adapter made for another model family: say so first, its shape details follow
+    checks.sort(key=lambda c: c.passed or c.name != "architecture")
     report = AdapterReport(checks)
     if report.ok:
-        report.spec = _spec(config, header, found)
+        report.spec = _spec(config, header, names, rules, fingerprint)
     return report
 
 
-def _spec(config: dict[str, Any], header: SafetensorsHeader, found: FactorNames) -> AdapterSpec:
-    r, alpha, rslora = config["r"], config["lora_alpha"], bool(config.get("use_rslora"))
-    present = {module for _, module, _ in found}
+def _spec(
+    config: dict[str, Any],
+    header: SafetensorsHeader,
+    names: ClassifiedNames,
+    rules: ModuleRules,
+    fp: ArchFingerprint,
+) -> AdapterSpec:
+    r, alpha, rslora = config["r"], config["lora_alpha"], rules.rslora
+    found = names.found
+    pairs = sorted({(layer, module) for layer, module, part in found if part == PART_A})
+    ranks = [header.tensors[found[(*key, PART_A)]].shape[0] for key in pairs]
+    factors = [n for (_, _, p), n in found.items() if p in (PART_A, PART_B)]
     return AdapterSpec(
         rank=r,
         lora_alpha=alpha,
         scale=alpha / math.sqrt(r) if rslora else alpha / r,
         use_rslora=rslora,
-        target_modules=tuple(m for m in TARGET_MODULES if m in present),
-        layers=tuple(sorted({layer for layer, _, _ in found})),
-        dtype=header.tensors[next(iter(found.values()))].dtype,
+        target_modules=tuple(module_order({m for _, m, _ in found}, fp)),
+        layers=tuple(sorted({layer for layer, _, _ in found if layer != HEAD_LAYER})),
+        dtype=header.tensors[(factors or list(found.values()))[0]].dtype,
         tensor_names=dict(found),
         base_model_name=config.get("base_model_name_or_path"),
+        max_rank=max(ranks, default=0),
+        use_dora=any(p == MAGNITUDE for _, _, p in found),
+        saved_modules=tuple(m for m in HEAD_MODULES if (HEAD_LAYER, m, SAVED) in found),
+        module_scales={key: rules.scale(names.paths[key]) for key in pairs},
     )
 
 
-def load_adapter_tensors(
+@dataclass
+class AdapterTensors:
+    """An adapter's tensors as CPU torch tensors, keyed by the engine's modules (a fused
+    Phi-3 module is split into its q/k/v or gate/up slices)."""
+
+    factors: dict[ModuleKey, tuple[torch.Tensor, torch.Tensor]]  # (A [r, in], B [out, r])
+    scales: dict[ModuleKey, float]  # every module with factors, heads included
+    magnitudes: dict[ModuleKey, torch.Tensor] = field(default_factory=dict)  # DoRA m [out]
+    # embed_tokens: (A [r, vocab], B [hidden, r]); lm_head: (A [r, hidden], B [vocab, r])
+    heads: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    saved: dict[str, torch.Tensor] = field(default_factory=dict)  # whole module [vocab, hidden]
+    base_copies: dict[str, torch.Tensor] = field(default_factory=dict)  # base_layer copies
+
+
+def load_adapter(
     folder: str | os.PathLike[str],
     fingerprint: ArchFingerprint,
     *,
     max_lora_rank: int,
     expected_base_name: str | None = None,
-) -> tuple[AdapterSpec, dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]]:
-    """Check a PEFT folder, then read its factors as CPU torch tensors.
-
-    Returns (spec, {(layer, module): (A [r, in], B [out, r])}). Values are checked
-    with torch after loading, so the file is read once.
-    """
+    max_saved_params: int | None = None,
+) -> tuple[AdapterSpec, AdapterTensors]:
+    """Check a PEFT folder, then read its tensors as CPU torch tensors. Values are checked
+    with torch after loading, so the file is read once."""
     folder = Path(folder)
     for file in (CONFIG_FILE, WEIGHTS_FILE):
         if not (folder / file).is_file():
@@ -552,6 +401,7 @@ def load_adapter_tensors(
         fingerprint,
         max_lora_rank=max_lora_rank,
         expected_base_name=expected_base_name,
+        max_saved_params=max_saved_params,
     )
     spec = require_valid(report)
 
@@ -565,15 +415,54 @@ def load_adapter_tensors(
     nonfinite = [spec.tensor_names[k] for k, t in loaded.items() if not torch.isfinite(t).all()]
     if nonfinite:
         raise AdapterError(f"adapter refused: finite: {_finite_check(sorted(nonfinite)).message}")
-    pairs = {(layer, module) for layer, module, _ in loaded}
-    return spec, {
-        (layer, module): (loaded[(layer, module, "A")], loaded[(layer, module, "B")])
-        for layer, module in sorted(pairs)
-    }
+    return spec, _engine_tensors(spec, loaded, fingerprint)
 
 
-def _is_positive_int(x: object) -> TypeGuard[int]:
-    return isinstance(x, int) and not isinstance(x, bool) and x > 0
+def _engine_tensors(
+    spec: AdapterSpec, loaded: dict[tuple[int, str, str], torch.Tensor], fp: ArchFingerprint
+) -> AdapterTensors:
+    out = AdapterTensors(factors={}, scales={})
+    for (layer, module), scale in spec.module_scales.items():
+        a, b = loaded[(layer, module, PART_A)], loaded[(layer, module, PART_B)]
+        magnitude = loaded.get((layer, module, MAGNITUDE))
+        if layer == HEAD_LAYER:
+            out.heads[module] = (a, b)
+            out.scales[(layer, module)] = scale
+            if magnitude is not None:
+                out.magnitudes[(layer, module)] = magnitude
+            continue
+        start = 0
+        for piece, rows in fp.slices(module):  # a fused module: A shared, B split by rows
+            key = (layer, piece)
+            out.factors[key] = (a, b[start : start + rows])
+            out.scales[key] = scale
+            if magnitude is not None:
+                out.magnitudes[key] = magnitude[start : start + rows]
+            start += rows
+    for (_, module, part), tensor in loaded.items():
+        if part == SAVED:
+            out.saved[module] = tensor
+        elif part == BASE_COPY:
+            out.base_copies[module] = tensor
+    return out
+
+
+def load_adapter_tensors(
+    folder: str | os.PathLike[str],
+    fingerprint: ArchFingerprint,
+    *,
+    max_lora_rank: int,
+    expected_base_name: str | None = None,
+) -> tuple[AdapterSpec, dict[ModuleKey, tuple[torch.Tensor, torch.Tensor]]]:
+    """The spec and the layer linears' factors {(layer, module): (A [r, in], B [out, r])}."""
+    spec, tensors = load_adapter(
+        folder, fingerprint, max_lora_rank=max_lora_rank, expected_base_name=expected_base_name
+    )
+    return spec, tensors.factors
+
+
+def _is_alpha(x: object) -> TypeGuard[int | float]:
+    return _is_number(x) and 0 < x <= MAX_LORA_ALPHA
 
 
 def _is_number(x: object) -> TypeGuard[int | float]:

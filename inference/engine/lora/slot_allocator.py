@@ -5,9 +5,14 @@ request uses. No starvation: when an adapter in host memory finds every slot bus
 becomes the `reserved` adapter: no other adapter may take a slot before it, and the busy
 slot that will free soonest is `draining` (its adapter takes no new requests until the
 reserved one is in).
+
+An adapter with extras (DoRA scales, head LoRA, saved heads) needs room in the slots' arena
+too: idle adapters holding extras are evicted to make it, and when the busy ones hold it,
+the one to drain is chosen among them.
 """
 
 from collections import OrderedDict
+from collections.abc import Callable
 
 import torch
 
@@ -38,22 +43,49 @@ class SlotAllocator:
     def release_reservation(self) -> None:
         self.reserved = self.draining = None
 
-    def free_slot(self) -> int | None:
-        """An empty slot, or the slot of the least recently used adapter that no running
-        request uses and nobody pinned (preferring one no waiting request needs either)."""
-        for slot, owner in enumerate(self.owner):
-            if owner is None:
-                return slot
+    def free_slot(self, entry: AdapterEntry) -> int | None:
+        """A slot for `entry`, with arena room for its extras: an empty slot, or the slot of
+        the least recently used adapter that no running request uses and nobody pinned
+        (preferring one no waiting request needs either); None if there is none now."""
+        slot = next((s for s, owner in enumerate(self.owner) if owner is None), None)
+        if slot is None:
+            victim = self._idle_victim(lambda a: True)
+            if victim is None:
+                return None
+            slot = victim.slot
+            self._evict_idle(victim)
+        while entry.host is not None and not self.slots.fits_extras(entry.host):
+            victim = self._idle_victim(
+                lambda a: a.slot is not None and self.slots.holds_extras(a.slot)
+            )
+            if victim is None:
+                return None  # busy adapters hold the arena: wait for one to drain
+            self._evict_idle(victim)
+        return slot
+
+    def pinned_out(self, entry: AdapterEntry) -> bool:
+        """Whether pinned adapters hold so much of the arena that `entry`'s extras cannot fit
+        until one is unpinned: reserving the next slot for it would then stall the others."""
+        if entry.host is None or entry.host.extras is None:
+            return False
+        pinned = sum(
+            self.slots.extras_numel(a.slot)
+            for a in self.adapters.values()
+            if a.pinned and a.slot is not None
+        )
+        return self.slots.arena.capacity - pinned < entry.host.extras_numel
+
+    def _idle_victim(self, eligible: Callable[[AdapterEntry], bool]) -> AdapterEntry | None:
         idle = [
-            a for a in map(self.adapters.__getitem__, self.lru) if not a.pinned and not a.running
+            a
+            for a in map(self.adapters.__getitem__, self.lru)
+            if not a.pinned and not a.running and eligible(a)
         ]
-        if not idle:
-            return None
-        victim = next((a for a in idle if a.num_waiting == 0), idle[0])
-        freed = victim.slot
+        return next((a for a in idle if a.num_waiting == 0), idle[0] if idle else None)
+
+    def _evict_idle(self, victim: AdapterEntry) -> None:
         self.evict(victim)
         self.metrics.lora_evictions["device"] += 1
-        return freed
 
     def evict(self, entry: AdapterEntry) -> None:
         assert entry.slot is not None
@@ -82,13 +114,16 @@ class SlotAllocator:
         if self.reserved == entry.adapter_id:
             self.release_reservation()
 
-    def choose_draining(self) -> None:
+    def choose_draining(self, entry: AdapterEntry) -> None:
         """The busy, unpinned slot that frees soonest: its running requests have the fewest
-        tokens left to make. It is kept until the reserved adapter is in."""
+        tokens left to make; among the adapters holding extras when `entry` waits for arena
+        room. It is kept until the reserved adapter is in."""
         current = self.adapters.get(self.draining) if self.draining is not None else None
         if current is not None and current.slot is not None and not current.pinned:
             return
         busy = [a for a in map(self.adapters.__getitem__, self.lru) if not a.pinned]
+        if entry.host is not None and not self.slots.fits_extras(entry.host):
+            busy = [a for a in busy if a.slot is not None and self.slots.holds_extras(a.slot)]
         if busy:
             self.draining = min(busy, key=lambda a: a.tokens_left).adapter_id
 

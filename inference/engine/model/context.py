@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from ..lora.slots import LoRAStep
+    from ..lora.apply import LoRAStep, SlotRows
 
 _local = threading.local()
 
@@ -44,6 +44,9 @@ class ForwardContext:
     window_masks: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
     # the batch's adapters; None when no token uses one, so LoRA costs nothing
     lora: "LoRAStep | None" = None
+    # the adapters that change lm_head, by the rows whose logits are computed (those rows
+    # only: the runner samples a subset of the fed tokens); None when none does
+    lora_head: "SlotRows | None" = None
 
     @property
     def num_prefill_tokens(self) -> int:

@@ -18,13 +18,8 @@ def rope_inv_freq(
     if scaling is None:
         return inv_freq
     kind = scaling["rope_type"]
-    if kind == "longrope":
-        # transformers picks the long factors for a forward pass reaching past the original
-        # context; a paged cache must keep one rotation per position, so the engine picks
-        # once, by how far its sequences may reach.
-        long = max_positions > scaling["original_max_position_embeddings"]
-        factors = torch.tensor(scaling["long_factor" if long else "short_factor"])
-        return inv_freq / factors.float()
+    if kind == "longrope":  # the short factors' frequencies (see RotaryEmbedding)
+        return inv_freq / torch.tensor(scaling["short_factor"], dtype=torch.float32)
     factor = float(scaling["factor"])
     if kind == "linear":
         return inv_freq / factor
@@ -41,20 +36,27 @@ class RotaryEmbedding(nn.Module):
     looks up the angles of a batch's positions once per step; `apply_rotary` then rotates
     each layer's queries and keys with them."""
 
-    cos_sin: torch.Tensor  # [max_positions, rotary_dim]: cos of each angle, then sin
+    cos_sin: torch.Tensor  # [rows, rotary_dim]: cos of each angle, then sin
 
     def __init__(
         self, rotary_dim: int, max_positions: int, theta: float, scaling: dict[str, Any] | None
     ):
         super().__init__()
-        inv_freq = rope_inv_freq(rotary_dim, theta, scaling, max_positions)
-        freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
+        all_inv_freq = [rope_inv_freq(rotary_dim, theta, scaling, max_positions)]
+        if scaling is not None and scaling["rope_type"] == "longrope":
+            # LongRoPE's long factors take rows max_positions.. (model_runner._positions)
+            plain = rope_inv_freq(rotary_dim, theta, None, max_positions)
+            all_inv_freq.append(plain / torch.tensor(scaling["long_factor"], dtype=torch.float32))
+        steps = torch.arange(max_positions, dtype=torch.float32)
+        freqs = torch.cat([torch.outer(steps, f) for f in all_inv_freq])
         gain = float(scaling.get("attention_factor", 1.0)) if scaling else 1.0
         table = torch.cat([freqs.cos(), freqs.sin()], dim=-1) * gain
         self.register_buffer("cos_sin", table, persistent=False)
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> Rope:
-        """(cos, sin), each [num_tokens, 1, rotary_dim / 2], broadcasting over heads."""
+        """(cos, sin), each [num_tokens, 1, rotary_dim / 2], broadcasting over heads.
+        `positions` are rows of the table: the tokens' positions, shifted by max_positions
+        where LongRoPE's long factors rotate."""
         cos, sin = self.cos_sin[positions].to(dtype).unsqueeze(1).chunk(2, dim=-1)
         return cos, sin
 
@@ -70,3 +72,9 @@ def apply_rotary(x: torch.Tensor, rope: Rope, head_dim: int) -> torch.Tensor:
     if 2 * half < head_dim:
         parts.append(heads[..., 2 * half :])
     return torch.cat(parts, dim=-1).view(x.shape)
+
+
+def uses_long_factors(seq_len: int, longrope_original: int | None) -> bool:
+    """LongRoPE's rule, as transformers applies it to a whole sequence: the long factors
+    rotate every token of a sequence longer than the original context."""
+    return longrope_original is not None and seq_len > longrope_original

@@ -4,6 +4,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from inference.engine import EngineError
+from inference.engine.families import FAMILIES
 from inference.engine.formats.convert import PRESETS, ensure_converted
 from registry.errors import RegistryError
 from registry.names import base_model_name_validator
@@ -20,7 +21,12 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         source = parser.add_mutually_exclusive_group(required=True)
         source.add_argument("--preset", choices=sorted(PRESETS))
-        source.add_argument("--hf-dir", type=Path, help="a Hugging Face model folder")
+        source.add_argument(
+            "--hf-dir",
+            type=Path,
+            help=f"a Hugging Face model folder of an architecture the engine serves: "
+            f"{', '.join(FAMILIES)}",
+        )
         parser.add_argument("--name", help="required with --hf-dir; default: the preset's name")
         serve = parser.add_mutually_exclusive_group()
         serve.add_argument("--serve", dest="serve", action="store_true", default=None)
