@@ -300,6 +300,7 @@ BASE_MODEL_NAME = env.str("LORAPLEX_BASE_MODEL", default="")
 ENGINE_OPTIONS = {
     "device": env.str("LORAPLEX_DEVICE", default="auto"),
     "dtype": env.str("LORAPLEX_DTYPE", default="auto"),
+    "attention_backend": env.str("LORAPLEX_ATTENTION_BACKEND", default="auto"),
     "max_model_len": env.int("LORAPLEX_MAX_MODEL_LEN", default=None),
     "max_num_seqs": env.int("LORAPLEX_MAX_NUM_SEQS", default=64),
     "max_num_batched_tokens": env.int("LORAPLEX_MAX_NUM_BATCHED_TOKENS", default=None),

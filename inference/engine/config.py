@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 
+from inference.kernels.backend import attention_backend
+
 from .errors import ConfigError, ModelLoadError
 from .families import FAMILIES, FULL, SLIDING, family_traits
 from .lora.peft_rules import DEFAULT_MAX_SAVED_MODULE_PARAMS
@@ -258,6 +260,8 @@ class EngineConfig:
     kv_cache_bytes: int | None = None
     gpu_memory_utilization: float = 0.9  # on cuda without kv_cache_bytes: share of device memory
     seed: int = 0  # seeds requests that give no seed of their own
+    # "auto": Triton paged attention on CUDA, the torch reference on CPU; "torch", "triton"
+    attention_backend: str = "auto"
     # LoRA: device slots (adapters in one batch), host cache entries, largest rank served
     enable_lora: bool = False
     max_loras: int = 4
@@ -311,6 +315,10 @@ class EngineConfig:
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ConfigError("gpu_memory_utilization must be in (0, 1]")
         self._check_lora()
+        try:
+            self.attention_backend = attention_backend(self.attention_backend, device)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
 
     def _check_batch_budget(self, device: torch.device) -> None:
         assert self.max_model_len is not None

@@ -1,6 +1,7 @@
 """Turns a scheduled batch into tensors, runs the model, and samples the next token of each
 sequence that fed its last uncomputed token (a prefill chunk short of that samples nothing)."""
 
+import itertools
 from collections.abc import Iterator
 from collections.abc import Sequence as SequenceOf
 from contextlib import contextmanager
@@ -12,7 +13,7 @@ from .config import EngineConfig
 from .kv_cache import allocate_kv_cache, kv_cache_budget
 from .lora.apply import LoRAStep, SlotRows
 from .lora.slots import LoRASlots
-from .model.context import ForwardContext, forward_context
+from .model.context import ForwardContext, PagedStep, forward_context
 from .model.decoder import CausalLM
 from .model.loader import load_weights
 from .model.rotary import uses_long_factors
@@ -42,6 +43,7 @@ class ModelRunner:
         self.device = torch.device(config.device)
         mc = config.model_config
         self.longrope_original = mc.longrope_original
+        self.paged = config.attention_backend == "triton"  # the Triton paged-attention kernels
         with torch.device(self.device), _default_dtype(config.torch_dtype):
             self.model = CausalLM(mc, max_positions=self.max_model_len).eval()
         load_weights(self.model, config.model)
@@ -94,6 +96,8 @@ class ModelRunner:
         sample_at: list[int] = []  # where in `rows` each sampler's row is
         samplers: list[Sequence] = []
         prompt_spans: list[tuple[Sequence, int, int, int]] = []  # seq, position, first row, rows
+        if self.paged:
+            ctx.paged = self._paged_prefill(batch.prefills)
         for seq, n in batch.prefills:
             start, row = seq.num_computed_tokens, len(input_ids)
             input_ids.extend(seq.token_ids[start : start + n])
@@ -104,7 +108,7 @@ class ModelRunner:
             ctx.context_starts.append(start)
             ctx.prefill_block_tables.append(
                 self._tensor(seq.block_table[: -(-(start + n) // self.block_size)])
-                if start
+                if start and not self.paged
                 else None
             )
             first, wanted = _prompt_positions(seq, start, n)
@@ -150,13 +154,33 @@ class ModelRunner:
             rows[i] = offset + row
         seqs = [seqs[i] for i in order]
         lengths = [len(seq) for seq in seqs]
-        max_blocks = max(len(seq.block_table) for seq in seqs)
-        tables = [seq.block_table + [0] * (max_blocks - len(seq.block_table)) for seq in seqs]
+        tables = _padded_tables([seq.block_table for seq in seqs])
+        if ctx.paged is not None:
+            ctx.paged.decode_tables = self._tensor(tables, torch.int32)
+            ctx.paged.context_lens = self._tensor(lengths, torch.int32)
+            ctx.block_tables = ctx.paged.decode_tables  # marks the step as having decodes
+            return rows
         ctx.decode_buffer_len, ctx.refresh_decode_buffers = self._decode_buffers(seqs)
         ctx.block_tables = self._tensor(tables)
         ctx.context_lens = self._tensor(lengths)
         ctx.decode_groups = self._decode_groups(lengths)
         return rows
+
+    def _paged_prefill(self, prefills: list[tuple[Sequence, int]]) -> PagedStep:
+        """The prefill chunks' tables and bounds as the paged kernels read them."""
+        step = PagedStep()
+        if not prefills:
+            return step
+        starts = [seq.num_computed_tokens for seq, _ in prefills]
+        step.prefill_tables = self._tensor(
+            _padded_tables([seq.block_table for seq, _ in prefills]), torch.int32
+        )
+        step.cu_seqlens_q = self._tensor(
+            [0, *itertools.accumulate(n for _, n in prefills)], torch.int32
+        )
+        step.context_starts = self._tensor(starts, torch.int32)
+        step.max_query_len = max(n for _, n in prefills)
+        return step
 
     def _decode_groups(self, lengths: list[int]) -> list[tuple[int, int, torch.Tensor]]:
         """Rows (longest first) that attend in one call, each group with its additive mask."""
@@ -206,8 +230,12 @@ class ModelRunner:
             + position % self.block_size
         )
 
-    def _tensor(self, values: SequenceOf[int] | SequenceOf[SequenceOf[int]]) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.long, device=self.device)
+    def _tensor(
+        self,
+        values: SequenceOf[int] | SequenceOf[SequenceOf[int]],
+        dtype: torch.dtype = torch.long,
+    ) -> torch.Tensor:
+        return torch.tensor(values, dtype=dtype, device=self.device)
 
     @torch.inference_mode()
     def _warm_up(self) -> None:
@@ -262,3 +290,9 @@ def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
         yield
     finally:
         torch.set_default_dtype(previous)
+
+
+def _padded_tables(tables: list[list[int]]) -> list[list[int]]:
+    """Block tables as one rectangle, short rows padded with block 0 (never read)."""
+    width = max(len(table) for table in tables)
+    return [table + [0] * (width - len(table)) for table in tables]

@@ -1,4 +1,4 @@
-"""Which implementation of the LoRA ops runs on a device.
+"""Which implementation of the LoRA ops and of paged attention runs on a device.
 
 Triton kernels on CUDA, the torch reference everywhere else. The Triton module is never
 imported here: on a CPU host it would fail at the first launch ("0 active drivers"), and
@@ -30,10 +30,20 @@ def select_backend(device: torch.device | str) -> str:
     return "triton" if device.type == "cuda" and triton_available() else "torch"
 
 
+def attention_backend(requested: str, device: torch.device | str) -> str:
+    """ "auto": the Triton paged-attention kernels on CUDA when triton is installed, the torch
+    reference elsewhere; "torch" or "triton" as asked, if it can run on `device`."""
+    device = torch.device(device)
+    if requested == "auto":
+        return "triton" if device.type == "cuda" and triton_available() else "torch"
+    check_backend(requested, device, source="attention_backend")
+    return requested
+
+
 def check_backend(backend: str, device: torch.device, source: str = "backend") -> None:
     """Refuse a backend that cannot run on `device`, before any kernel launch fails obscurely."""
     if backend not in BACKENDS:
-        raise ValueError(f"{source}={backend!r} is not a LoRA backend; use one of {BACKENDS}")
+        raise ValueError(f"{source}={backend!r} is not a kernel backend; use one of {BACKENDS}")
     if backend != "triton":
         return
     if not triton_available():
@@ -41,5 +51,5 @@ def check_backend(backend: str, device: torch.device, source: str = "backend") -
     if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         raise ValueError(
             f"{source}='triton' on a {device.type} device needs TRITON_INTERPRET=1 set before "
-            "inference.kernels.lora_triton is imported (tests only); use 'torch' on CPU"
+            "any Triton kernel module is imported (tests only); use 'torch' on CPU"
         )

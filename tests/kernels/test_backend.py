@@ -28,7 +28,7 @@ def test_the_environment_overrides_the_choice(monkeypatch):
 def test_an_unknown_backend_in_the_environment_is_refused(monkeypatch):
     monkeypatch.setenv("LORAPLEX_LORA_BACKEND", "cutlass")
     with pytest.raises(
-        ValueError, match=r"\$LORAPLEX_LORA_BACKEND='cutlass' is not a LoRA backend"
+        ValueError, match=r"\$LORAPLEX_LORA_BACKEND='cutlass' is not a kernel backend"
     ):
         select_backend("cpu")
 

@@ -60,5 +60,5 @@ def test_bad_token_slots_raise_a_value_error(token_slots, message):
 def test_an_unknown_path_or_backend_is_refused():
     with pytest.raises(ValueError, match="not a LoRA kernel path"):
         make_lora_batch(torch.tensor([0]), path="punica")
-    with pytest.raises(ValueError, match="not a LoRA backend"):
+    with pytest.raises(ValueError, match="not a kernel backend"):
         make_lora_batch(torch.tensor([0]), backend="cuda")

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .context import ForwardContext, get_forward_context
+from .context import ForwardContext, PagedStep, get_forward_context
 
 
 def store_kv(
@@ -172,6 +172,8 @@ class Attention(nn.Module):
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         if self.k_cache.numel():
             store_kv(self.k_cache, self.v_cache, k, v, ctx.slot_mapping)
+            if ctx.paged is not None:
+                return self.paged_attention(q, ctx.paged, ctx.num_prefill_tokens).flatten(1)
         if not ctx.has_decodes:
             self.k_buffer = self.v_buffer = None  # the next decode batch differs; free them now
             return prefill_attention(q, k, v, ctx, (self.k_cache, self.v_cache), self).flatten(1)
@@ -183,6 +185,42 @@ class Attention(nn.Module):
             )
         out[p:] = decode_attention(q[p:], *self.decode_kv(k[p:], v[p:], ctx), ctx, self)
         return out.flatten(1)
+
+    def paged_attention(self, q: torch.Tensor, step: PagedStep, num_prefill: int) -> torch.Tensor:
+        """Prefill chunks, then decodes, on the Triton kernels, reading the cache in place."""
+        from inference.kernels import paged_attention as kernels  # imports triton: only here
+
+        out = torch.empty_like(q)
+        if num_prefill:
+            assert step.prefill_tables is not None and step.cu_seqlens_q is not None
+            assert step.context_starts is not None
+            kernels.paged_extend(
+                q[:num_prefill],
+                self.k_cache,
+                self.v_cache,
+                step.prefill_tables,
+                step.cu_seqlens_q,
+                step.context_starts,
+                self.scale,
+                max_query_len=step.max_query_len,
+                out=out[:num_prefill],
+                window=self.window,
+                softcap=self.softcap,
+            )
+        if num_prefill < q.shape[0]:
+            assert step.decode_tables is not None and step.context_lens is not None
+            kernels.paged_decode(
+                q[num_prefill:],
+                self.k_cache,
+                self.v_cache,
+                step.decode_tables,
+                step.context_lens,
+                self.scale,
+                out=out[num_prefill:],
+                window=self.window,
+                softcap=self.softcap,
+            )
+        return out
 
     def decode_kv(
         self, k: torch.Tensor, v: torch.Tensor, ctx: ForwardContext

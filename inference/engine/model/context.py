@@ -20,6 +20,22 @@ _local = threading.local()
 
 
 @dataclass
+class PagedStep:
+    """The step as the Triton paged-attention kernels read it (attention backend "triton"):
+    int32 tables, every key and value read from the cache in place."""
+
+    # prefill chunks, in the order of cu_seqlens: each sequence's blocks (padded), where its
+    # chunk starts, and the longest chunk
+    prefill_tables: torch.Tensor | None = None  # [prefill seqs, max blocks]
+    cu_seqlens_q: torch.Tensor | None = None  # [prefill seqs + 1]
+    context_starts: torch.Tensor | None = None  # [prefill seqs]
+    max_query_len: int = 0
+    # decodes, in the decode rows' order
+    decode_tables: torch.Tensor | None = None  # [decodes, max blocks]
+    context_lens: torch.Tensor | None = None  # [decodes], the fed token included
+
+
+@dataclass
 class ForwardContext:
     """A step feeds prefill chunks first, then decodes (one token per sequence)."""
 
@@ -42,6 +58,8 @@ class ForwardContext:
     refresh_decode_buffers: bool = True
     # (decode group, window) -> that group's mask for sliding-window layers, made on first use
     window_masks: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
+    # set when attention runs on the Triton paged kernels
+    paged: PagedStep | None = None
     # the batch's adapters; None when no token uses one, so LoRA costs nothing
     lora: "LoRAStep | None" = None
     # the adapters that change lm_head, by the rows whose logits are computed (those rows
