@@ -22,8 +22,6 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from .block_manager import BlockManager
 from .config import EngineConfig
 from .errors import (
@@ -139,14 +137,11 @@ class LLMEngine:
             raise InvalidRequestError("sampling_params must be a SamplingParams")
         token_ids = self._prompt_tokens(request.prompt, request.prompt_token_ids)
         self._check_length(len(token_ids))
-        seed = params.seed if params.seed is not None else self._seeds.getrandbits(63)
-        generator = torch.Generator(device=self.model_runner.device)
-        generator.manual_seed(seed)
         seq = Sequence(
             request_id,
             token_ids,
             params,
-            generator=generator,
+            seed=params.seed if params.seed is not None else self._seeds.getrandbits(63),
             detokenizer=self.tokenizer.detokenizer(),
             lora_request=request.lora_request,
             fairness_key=fairness_key,

@@ -1,8 +1,13 @@
-"""Chooses each sequence's next token from its logits, and reports logprobs.
+"""Chooses each sequence's next token from its logits on the logits' device, and reports
+logprobs, with one device-to-host copy per step.
 
-Random choices draw from the request's own torch.Generator, one row at a time, so a
-seeded request gets the same tokens whatever else shares its batch. The draw uses the
-exponential race (argmax of p / E with E ~ Exp(1)), which samples exactly from p.
+The draw is the exponential race (argmax of p / E with E ~ Exp(1), here in logs), which
+samples exactly from p. E comes from counter-based noise (sampling_noise.py): a function of
+the request's seed and the index of the token being sampled, so a seeded request gets the
+same tokens whatever else shares its batch, with no generator objects. Every row is handled
+by the same tensor operations, greedy rows take the exact argmax, and `sample` neither
+synchronises with the host nor branches on device values, so it can run in a CUDA graph
+(the per-row parameters then live in static buffers).
 
 A row with a grammar (structured output) first has every token its grammar forbids set to
 -inf (grammar_mask.py), so temperature, top-k and top-p choose among allowed tokens only;
@@ -16,14 +21,73 @@ import torch
 
 from . import grammar_mask
 from .outputs import TokenLogprob
-from .sampling_params import SamplingParams
+from .sampling_noise import as_int64_seed, log_exponential, row_keys
 from .sequence import Sequence
+
+# A temperature this low is greedy: dividing by it would overflow float32 logits (vLLM does the same).
+MIN_TEMPERATURE = 1e-5
 
 
 @dataclass
 class SamplerOutput:
     token_ids: list[int]
     logprobs: list[TokenLogprob | None]
+
+
+@dataclass
+class SamplingTensors:
+    """The step's per-row sampling parameters on the logits' device, and what the host
+    already knows about them (which parts of `sample` to run, how many logprobs). Built
+    outside any CUDA graph: a graph runner copies the tensors into its static inputs."""
+
+    temperature: torch.Tensor  # [rows] float32; 1 on greedy rows
+    top_p: torch.Tensor  # [rows] float32
+    top_k: torch.Tensor  # [rows] int64; the vocabulary size where there is no cut
+    seeds: torch.Tensor  # [rows] int64
+    steps: torch.Tensor  # [rows] int64: index of the completion token being sampled
+    greedy: torch.Tensor  # [rows] bool
+    any_random: bool
+    any_cut: bool  # a row has top_k or top_p
+    logprobs_width: int | None  # the most top logprobs a row asks for; None: no row asks
+
+    @classmethod
+    def from_seqs(
+        cls, seqs: list[Sequence], vocab_size: int, device: torch.device
+    ) -> "SamplingTensors":
+        params = [seq.params for seq in seqs]
+        greedy = [p.greedy or p.temperature < MIN_TEMPERATURE for p in params]
+        top_k = [p.top_k if p.top_k > 0 else vocab_size for p in params]
+        floats = _to_device(
+            [
+                [1.0 if g else p.temperature for p, g in zip(params, greedy, strict=True)],
+                [p.top_p for p in params],
+            ],
+            torch.float32,
+            device,
+        )
+        ints = _to_device(
+            [
+                top_k,
+                [as_int64_seed(seq.seed) for seq in seqs],
+                [seq.num_completion_tokens for seq in seqs],
+                [int(g) for g in greedy],
+            ],
+            torch.int64,
+            device,
+        )
+        widths = [p.logprobs for p in params if p.logprobs is not None]
+        random_rows = [i for i, g in enumerate(greedy) if not g]
+        return cls(
+            temperature=floats[0],
+            top_p=floats[1],
+            top_k=ints[0],
+            seeds=ints[1],
+            steps=ints[2],
+            greedy=ints[3].bool(),
+            any_random=bool(random_rows),
+            any_cut=any(top_k[i] < vocab_size or params[i].top_p < 1 for i in random_rows),
+            logprobs_width=max(widths) if widths else None,
+        )
 
 
 class Sampler:
@@ -33,85 +97,94 @@ class Sampler:
         if constrained:
             rows, matchers = zip(*constrained, strict=True)
             logits = grammar_mask.mask_logits(raw_logits, list(rows), list(matchers))
-        tokens = logits.argmax(dim=-1)
-        random_rows = [i for i, seq in enumerate(seqs) if not seq.params.greedy]
-        if random_rows:
-            probs = self._probs(logits[random_rows], [seqs[i].params for i in random_rows])
-            for row, i in enumerate(random_rows):
-                race = torch.empty_like(probs[row]).exponential_(generator=seqs[i].generator)
-                tokens[i] = (probs[row] / race).argmax()
-        token_ids = tokens.tolist()
-        return SamplerOutput(token_ids, self._logprobs(raw_logits, token_ids, seqs))
+        tensors = SamplingTensors.from_seqs(seqs, raw_logits.shape[-1], raw_logits.device)
+        packed = sample(logits, raw_logits, tensors)
+        return unpack(packed.tolist(), seqs, tensors.logprobs_width)  # the step's one copy
 
-    @staticmethod
-    def _probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
-        """Softmax at each row's temperature, after its top-k and top-p cuts."""
-        temperature = logits.new_tensor([p.temperature for p in params])
-        logits = logits / temperature[:, None]
-        top_k = [p.top_k for p in params]
-        top_p = [p.top_p for p in params]
-        if any(k > 0 for k in top_k) or any(p < 1 for p in top_p):
-            vocab = logits.shape[-1]
-            ordered, order = logits.sort(dim=-1, descending=True)
-            rank = torch.arange(vocab, device=logits.device)
-            k = logits.new_tensor([k if k > 0 else vocab for k in top_k])
-            cut = rank[None, :] >= k[:, None]
-            ordered = ordered.masked_fill(cut, float("-inf"))
-            sorted_probs = ordered.softmax(dim=-1)
-            # drop a token once the more likely ones already reach top_p (the first always stays)
-            before = sorted_probs.cumsum(dim=-1) - sorted_probs
-            cut |= before >= logits.new_tensor(top_p)[:, None]
-            cut[:, 0] = False
-            logits = logits.masked_fill(
-                torch.empty_like(cut).scatter_(1, order, cut), float("-inf")
-            )
-        return logits.softmax(dim=-1)
 
-    @staticmethod
-    def _logprobs(
-        logits: torch.Tensor, token_ids: list[int], seqs: list[Sequence]
-    ) -> list[TokenLogprob | None]:
-        """Log-softmax of the raw logits (before temperature or cuts), as the model sees it."""
-        out: list[TokenLogprob | None] = [None] * len(seqs)
-        wanted = {i: n for i, seq in enumerate(seqs) if (n := seq.params.logprobs) is not None}
-        if not wanted:
-            return out
-        rows = list(wanted)
-        logprobs = logits[rows].log_softmax(dim=-1)
-        width = max(wanted.values())
-        top = logprobs.topk(width, dim=-1) if width else None
-        chosen = logprobs.gather(
-            1, logits.new_tensor([token_ids[i] for i in rows], dtype=torch.long)[:, None]
-        )[:, 0].tolist()
-        for row, (i, n) in enumerate(wanted.items()):
-            best = [] if top is None else top.indices[row, :n].tolist()
-            best_values = [] if top is None else top.values[row, :n].tolist()
-            out[i] = TokenLogprob(
-                token_ids[i], chosen[row], list(zip(best, best_values, strict=True))
-            )
-        return out
+def sample(
+    logits: torch.Tensor, raw_logits: torch.Tensor, tensors: SamplingTensors
+) -> torch.Tensor:
+    """The chosen tokens of `logits` ([rows, vocab] float32, grammar masks applied), and
+    with `tensors.logprobs_width` W their logprobs under `raw_logits`, packed in one float64
+    [rows, 1] or [rows, 2 + 2W] tensor: token, its logprob, W top ids, W top logprobs
+    (float64 holds token ids and float32 values exactly)."""
+    tokens = logits.argmax(dim=-1)
+    if tensors.any_random:
+        scaled = logits / tensors.temperature[:, None]
+        if tensors.any_cut:
+            scaled = _cut(scaled, tensors.top_k, tensors.top_p)
+        noise = log_exponential(row_keys(tensors.seeds, tensors.steps), logits.shape[-1])
+        tokens = torch.where(tensors.greedy, tokens, (scaled - noise).argmax(dim=-1))
+    columns = [tokens[:, None].double()]
+    width = tensors.logprobs_width
+    if width is not None:
+        logprobs = raw_logits.log_softmax(dim=-1)
+        columns.append(logprobs.gather(1, tokens[:, None]).double())
+        if width:
+            top = logprobs.topk(width, dim=-1)
+            columns += [top.indices.double(), top.values.double()]
+    return torch.cat(columns, dim=1)
+
+
+def unpack(rows: list[list[float]], seqs: list[Sequence], width: int | None) -> SamplerOutput:
+    """`sample`'s packed result, once on the host, as each sequence's token and logprobs."""
+    token_ids = [int(row[0]) for row in rows]
+    logprobs: list[TokenLogprob | None] = []
+    for token_id, row, seq in zip(token_ids, rows, seqs, strict=True):
+        n = seq.params.logprobs
+        if n is None or width is None:
+            logprobs.append(None)
+            continue
+        top = [
+            (int(t), v) for t, v in zip(row[2 : 2 + n], row[2 + width : 2 + width + n], strict=True)
+        ]
+        logprobs.append(TokenLogprob(token_id, row[1], top))
+    return SamplerOutput(token_ids, logprobs)
+
+
+def _cut(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """-inf outside each row's top-k, then outside its nucleus: a token goes once the more
+    likely ones already reach top_p (the most likely always stays)."""
+    vocab = logits.shape[-1]
+    ordered, order = logits.sort(dim=-1, descending=True)
+    rank = torch.arange(vocab, device=logits.device)
+    cut = rank[None, :] >= top_k[:, None]  # top_k >= 1: the first is never cut
+    sorted_probs = ordered.masked_fill(cut, float("-inf")).softmax(dim=-1)
+    before = sorted_probs.cumsum(dim=-1) - sorted_probs
+    cut |= (before >= top_p[:, None]) & (rank > 0)[None, :]
+    return logits.masked_fill(torch.empty_like(cut).scatter_(1, order, cut), float("-inf"))
+
+
+def _to_device(
+    values: list[list[float]] | list[list[int]], dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
+    """A host list on `device`. To CUDA through pinned memory and without blocking: a plain
+    copy from pageable memory would wait for the device to finish its queued work."""
+    host = torch.tensor(values, dtype=dtype)
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
 
 
 def prompt_logprobs(seq: Sequence, first_position: int, logits: torch.Tensor) -> None:
     """Append to `seq.prompt_logprobs` the entries of the prompt tokens that follow positions
     `first_position`, `first_position + 1`, ... (one row of `logits` each): the token's
     logprob under the raw logits, its rank, and the top N there (N = params.prompt_logprobs).
-    The first prompt token has no context, so its entry is None."""
+    The first prompt token has no context, so its entry is None. One copy to the host."""
     n = seq.params.prompt_logprobs
     assert n is not None, "only for sequences that asked for prompt logprobs"
     if not seq.prompt_logprobs:
         seq.prompt_logprobs.append(None)
     logprobs = logits.log_softmax(dim=-1)
     targets = seq.token_ids[first_position + 1 : first_position + 1 + logits.shape[0]]
-    index = torch.tensor(targets, dtype=torch.long, device=logits.device)[:, None]
+    index = _to_device([targets], torch.int64, logits.device).view(-1, 1)
     chosen = logprobs.gather(1, index)
-    ranks = (logprobs > chosen).sum(dim=-1).add_(1).tolist()
-    top = logprobs.topk(n, dim=-1) if n else None
-    for row, (token_id, value, rank) in enumerate(
-        zip(targets, chosen[:, 0].tolist(), ranks, strict=True)
-    ):
-        best = [] if top is None else top.indices[row].tolist()
-        best_values = [] if top is None else top.values[row].tolist()
-        seq.prompt_logprobs.append(
-            TokenLogprob(token_id, value, list(zip(best, best_values, strict=True)), rank=rank)
-        )
+    ranks = (logprobs > chosen).sum(dim=-1, keepdim=True).add_(1)
+    columns = [chosen.double(), ranks.double()]
+    if n:
+        top = logprobs.topk(n, dim=-1)
+        columns += [top.indices.double(), top.values.double()]
+    for token_id, row in zip(targets, torch.cat(columns, dim=1).tolist(), strict=True):
+        best = [(int(t), v) for t, v in zip(row[2 : 2 + n], row[2 + n : 2 + 2 * n], strict=True)]
+        seq.prompt_logprobs.append(TokenLogprob(token_id, row[0], best, rank=int(row[1])))

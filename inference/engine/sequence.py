@@ -5,8 +5,6 @@ from concurrent.futures import Future
 from enum import Enum, auto
 from typing import TYPE_CHECKING
 
-import torch
-
 from .request import LoRARequest
 from .sampling_params import SamplingParams
 
@@ -36,7 +34,7 @@ class Sequence:
         prompt_token_ids: list[int],
         params: SamplingParams,
         *,
-        generator: torch.Generator,
+        seed: int,
         detokenizer: "IncrementalDetokenizer",
         lora_request: LoRARequest | None = None,
         fairness_key: str | None = None,
@@ -50,7 +48,7 @@ class Sequence:
         self.lora_request = lora_request  # None: the base model
         self.lora_slot = -1  # device slot of its adapter while running; -1: none
         self.fairness_key = fairness_key  # the scheduler takes turns between keys (tenants)
-        self.generator = generator
+        self.seed = seed  # its sampling noise is a function of this and the token index
         self.detokenizer = detokenizer
         self.status = SequenceStatus.WAITING
         self.priority = priority  # lower first (request.py)

@@ -48,6 +48,20 @@ def test_same_seed_same_tokens_whatever_the_batch(engine):
     assert engine.generate([PROMPT], other_seed)[0].token_ids != alone
 
 
+def test_unseeded_requests_draw_from_the_engine_seed(model_dir):
+    """Without a seed each request gets its own from the engine's seed, in arrival order:
+    two requests differ, and a fresh engine repeats them."""
+    params = SamplingParams(temperature=1.0, max_tokens=12, ignore_eos=True)
+
+    def run() -> list[list[int]]:
+        fresh = LLMEngine(model=model_dir, kv_cache_bytes=1 << 20)
+        return [out.token_ids for out in fresh.generate([PROMPT, PROMPT], params)]
+
+    first = run()
+    assert first[0] != first[1]
+    assert run() == first
+
+
 def test_top_k_one_equals_greedy(engine):
     top1 = SamplingParams(temperature=1.0, top_k=1, max_tokens=16, ignore_eos=True)
     assert engine.generate([PROMPT], top1)[0].token_ids == greedy(engine).token_ids
@@ -142,10 +156,7 @@ def _draws(logits: list[float], n: int, **params) -> torch.Tensor:
     """n tokens sampled from fixed logits, one sequence per row."""
     p = SamplingParams(**params)
     no_text = cast(IncrementalDetokenizer, None)  # the sampler never detokenizes
-    seqs = [
-        Sequence(str(i), [0], p, generator=torch.Generator().manual_seed(i), detokenizer=no_text)
-        for i in range(n)
-    ]
+    seqs = [Sequence(str(i), [0], p, seed=i, detokenizer=no_text) for i in range(n)]
     return torch.tensor(Sampler()(torch.tensor([logits] * n), seqs).token_ids)
 
 

@@ -184,7 +184,7 @@ def test_the_sampler_leaves_unconstrained_rows_bit_for_bit_alone(engine):
                 str(i),
                 [0],
                 params,
-                generator=torch.Generator().manual_seed(i),
+                seed=i,
                 detokenizer=engine.tokenizer.detokenizer(),
             )
             if constrained and i >= 2:
