@@ -12,14 +12,21 @@ the engine allocates the stacks once), so one launch covers every slice.
 On a GPU, bf16/fp16 tiles upcast to fp32 are exact in tf32, so their dots use tensor cores
 without losing input bits; fp32 inputs use full-precision dots to match the torch reference.
 Set TRITON_INTERPRET=1 before importing this module to run it on CPU tensors (tests only).
+
+Tile sizes, the split of a shrink's reduction and num_warps / num_stages come from the tile
+table (lora_tiles.py) for the device's GPU model, looked up in `launch_tiles` for every
+launch; `tiles=` forces one choice (the tuner and tests).
 """
 
+import dataclasses
+import functools
 from collections.abc import Sequence
 
 import torch
 import triton
 
 from inference.kernels.lora_batch import LoRABatch
+from inference.kernels.lora_tiles import Tiles, TileTable, table_for_gpu
 from inference.kernels.triton_kernels import (
     bgmv_expand_kernel,
     bgmv_shrink_kernel,
@@ -27,14 +34,9 @@ from inference.kernels.triton_kernels import (
     sgmv_shrink_kernel,
 )
 
-SGMV_BLOCK_K = 64
-BGMV_BLOCK_K = 128
-BLOCK_N = 64
-# Shrink splits its reduction over `in` until about this many programs run: a decode step
-# has a handful of (token, slice) pairs, far fewer than a GPU has SMs.
-TARGET_PROGRAMS = 256
 _TABLE_CACHE_SIZE = 1024
 _tables: dict[tuple[torch.device, tuple[tuple[int, ...], ...]], torch.Tensor] = {}
+_fitted: dict[tuple[Tiles, int, int], Tiles] = {}
 
 
 def _runs(weights: list[torch.Tensor]) -> list[tuple[int, int]]:
@@ -62,8 +64,32 @@ def _block_r(rank: int) -> int:
     return max(16, int(triton.next_power_of_2(rank)))  # tl.dot needs every tile dim >= 16 on a GPU
 
 
-def _block_m(batch: LoRABatch) -> int:
-    return min(64, max(16, int(triton.next_power_of_2(batch.max_seg_len))))
+@functools.lru_cache(maxsize=8)
+def _device_table(device: torch.device) -> TileTable:
+    return table_for_gpu(torch.cuda.get_device_name(device) if device.type == "cuda" else None)
+
+
+def launch_tiles(
+    op: str, batch: LoRABatch, rank: int, hidden: int, device: torch.device, tiles: Tiles | None
+) -> Tiles:
+    """The tiles of one launch: the table's (or the forced) choice, fitted to the batch. A
+    token block is no taller than the longest segment needs, a split no finer than K's tiles
+    (hidden is K for a shrink)."""
+    if tiles is None:
+        tiles = _device_table(device).lookup(op, batch.path, rank, hidden, batch.num_tokens)
+    block_m = tiles.block_m
+    if batch.path == "sgmv":
+        block_m = min(block_m, max(16, int(triton.next_power_of_2(batch.max_seg_len))))
+    split_k = min(tiles.split_k, triton.cdiv(hidden, tiles.block_k)) if op == "shrink" else 1
+    if block_m == tiles.block_m and split_k == tiles.split_k:
+        return tiles
+    key = (tiles, block_m, split_k)
+    fitted = _fitted.get(key)
+    if fitted is None:
+        if len(_fitted) >= _TABLE_CACHE_SIZE:
+            _fitted.clear()
+        fitted = _fitted[key] = dataclasses.replace(tiles, block_m=block_m, split_k=split_k)
+    return fitted
 
 
 def _precision(dtype: torch.dtype) -> str:
@@ -71,41 +97,46 @@ def _precision(dtype: torch.dtype) -> str:
 
 
 def lora_shrink(
-    x: torch.Tensor, lora_a: list[torch.Tensor], batch: LoRABatch, out: torch.Tensor
+    x: torch.Tensor,
+    lora_a: list[torch.Tensor],
+    batch: LoRABatch,
+    out: torch.Tensor,
+    tiles: Tiles | None = None,
 ) -> None:
     for first, last in _runs(lora_a):
-        _shrink(x, lora_a[first:last], batch, out[first:last])
+        _shrink(x, lora_a[first:last], batch, out[first:last], tiles)
 
 
-def _shrink(x: torch.Tensor, lora_a: list[torch.Tensor], batch: LoRABatch, y: torch.Tensor) -> None:
+def _shrink(
+    x: torch.Tensor,
+    lora_a: list[torch.Tensor],
+    batch: LoRABatch,
+    y: torch.Tensor,
+    tiles: Tiles | None,
+) -> None:
     n = len(lora_a)
     _, rank, k = lora_a[0].shape
+    t = launch_tiles("shrink", batch, rank, k, x.device, tiles)
     table = _table([(a.data_ptr(), a.stride(0)) for a in lora_a], x.device)
-    sgmv = batch.path == "sgmv"
-    block_k = SGMV_BLOCK_K if sgmv else BGMV_BLOCK_K
-    grid_m = triton.cdiv(batch.max_seg_len, _block_m(batch)) if sgmv else batch.num_tokens
-    programs = grid_m * (batch.num_segments if sgmv else 1) * n
-    split_k = 1
-    if y.dtype == torch.float32:  # partial sums meet through fp32 atomics
-        while programs * split_k < TARGET_PROGRAMS and split_k * 2 <= triton.cdiv(k, block_k):
-            split_k *= 2
+    split_k = t.split_k if y.dtype == torch.float32 else 1  # partial sums meet by fp32 atomics
     if split_k > 1:
         y.zero_()
     strides = (
         k, rank, *x.stride(), lora_a[0].stride(1), lora_a[0].stride(2), *y.stride(),
     )  # fmt: skip
-    block_r = _block_r(rank)
-    if sgmv:
-        sgmv_shrink_kernel[(grid_m, split_k, batch.num_segments * n)](
+    launch = {"num_warps": t.num_warps, "num_stages": t.num_stages}
+    if batch.path == "sgmv":
+        grid = (triton.cdiv(batch.max_seg_len, t.block_m), split_k, batch.num_segments * n)
+        sgmv_shrink_kernel[grid](
             x, table, lora_a[0], y,
             batch.sorted_token_ids, batch.seg_starts, batch.seg_lens, batch.seg_slots,
-            *strides, N_SLICES=n, BLOCK_M=_block_m(batch), BLOCK_R=block_r, BLOCK_K=block_k,
-            SPLIT_K=split_k, PRECISION=_precision(x.dtype),
+            *strides, N_SLICES=n, BLOCK_M=t.block_m, BLOCK_R=_block_r(rank), BLOCK_K=t.block_k,
+            SPLIT_K=split_k, PRECISION=_precision(x.dtype), **launch,
         )  # fmt: skip
     else:
-        bgmv_shrink_kernel[(grid_m, split_k, n)](
+        bgmv_shrink_kernel[(batch.num_tokens, split_k, n)](
             x, table, lora_a[0], y, batch.token_slots,
-            *strides, BLOCK_R=block_r, BLOCK_K=block_k, SPLIT_K=split_k,
+            *strides, BLOCK_R=_block_r(rank), BLOCK_K=t.block_k, SPLIT_K=split_k, **launch,
         )  # fmt: skip
 
 
@@ -116,12 +147,15 @@ def lora_expand(
     batch: LoRABatch,
     out: torch.Tensor,
     add: bool = True,
+    tiles: Tiles | None = None,
 ) -> None:
     offsets = [0]
     for b in lora_b:
         offsets.append(offsets[-1] + b.shape[1])
     for first, last in _runs(lora_b):
-        _expand(y[first:last], lora_b[first:last], offsets[first:last], scales, batch, out, add)
+        _expand(
+            y[first:last], lora_b[first:last], offsets[first:last], scales, batch, out, add, tiles
+        )
 
 
 def _expand(
@@ -132,6 +166,7 @@ def _expand(
     batch: LoRABatch,
     out: torch.Tensor,
     add: bool,
+    tiles: Tiles | None,
 ) -> None:
     n = len(lora_b)
     rows = [
@@ -139,19 +174,21 @@ def _expand(
     ]
     table = _table(rows, out.device)
     rank = lora_b[0].shape[2]
-    grid_n = triton.cdiv(max(b.shape[1] for b in lora_b), BLOCK_N)
+    width = max(b.shape[1] for b in lora_b)
+    t = launch_tiles("expand", batch, rank, width, out.device, tiles)
+    grid_n = triton.cdiv(width, t.block_n)
     strides = (rank, *y.stride(), lora_b[0].stride(1), lora_b[0].stride(2), *out.stride())
+    launch = {"num_warps": t.num_warps, "num_stages": t.num_stages}
     if batch.path == "sgmv":
-        block_m = _block_m(batch)
-        grid = (triton.cdiv(batch.max_seg_len, block_m), grid_n, batch.num_segments * n)
+        grid = (triton.cdiv(batch.max_seg_len, t.block_m), grid_n, batch.num_segments * n)
         sgmv_expand_kernel[grid](
             y, table, lora_b[0], out, scales,
             batch.sorted_token_ids, batch.seg_starts, batch.seg_lens, batch.seg_slots,
-            *strides, N_SLICES=n, BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_R=_block_r(rank),
-            ADD=add, PRECISION=_precision(out.dtype),
+            *strides, N_SLICES=n, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_R=_block_r(rank),
+            ADD=add, PRECISION=_precision(out.dtype), **launch,
         )  # fmt: skip
     else:
         bgmv_expand_kernel[(batch.num_tokens, grid_n, n)](
             y, table, lora_b[0], out, scales, batch.token_slots,
-            *strides, BLOCK_N=BLOCK_N, BLOCK_R=_block_r(rank), ADD=add,
+            *strides, BLOCK_N=t.block_n, BLOCK_R=_block_r(rank), ADD=add, **launch,
         )  # fmt: skip

@@ -17,7 +17,6 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from inference.kernels import lora_triton as L
 from inference.kernels import triton_kernels as K
 
 POINTERS = {"a_table_ptr": "*i64", "b_table_ptr": "*i64", "y_ptr": "*fp32", "scales_ptr": "*fp32"}
@@ -40,11 +39,11 @@ def build(fn, dtype, arch, **constexprs):
 for arch in (90, 80):
     for dtype, precision in (("bf16", "tf32"), ("fp32", "ieee")):
         build(K.sgmv_shrink_kernel, dtype, arch, N_SLICES=3, BLOCK_M=64, BLOCK_R=16,
-              BLOCK_K=L.SGMV_BLOCK_K, SPLIT_K=4, PRECISION=precision)
-        build(K.sgmv_expand_kernel, dtype, arch, N_SLICES=2, BLOCK_M=16, BLOCK_N=L.BLOCK_N,
+              BLOCK_K=64, SPLIT_K=4, PRECISION=precision)
+        build(K.sgmv_expand_kernel, dtype, arch, N_SLICES=2, BLOCK_M=16, BLOCK_N=64,
               BLOCK_R=16, ADD=True, PRECISION=precision)
-    build(K.bgmv_shrink_kernel, "fp16", arch, BLOCK_R=16, BLOCK_K=L.BGMV_BLOCK_K, SPLIT_K=1)
-    build(K.bgmv_expand_kernel, "fp16", arch, BLOCK_N=L.BLOCK_N, BLOCK_R=16, ADD=False)
+    build(K.bgmv_shrink_kernel, "fp16", arch, BLOCK_R=16, BLOCK_K=128, SPLIT_K=1)
+    build(K.bgmv_expand_kernel, "fp16", arch, BLOCK_N=64, BLOCK_R=16, ADD=False)
 print("compiled")
 """
 

@@ -96,7 +96,8 @@ UNSERVED = [
     ("sliding_window_zero", "gemma2", _config_edit(sliding_window=0),
      "positive integer sliding_window"),
     ("activation", "llama", _config_edit(hidden_act="relu2"), "activation 'relu2' is not supported"),
-    ("hidden_size_text", "qwen3", _config_edit(hidden_size="wide"), "wrong type"),
+    ("hidden_size_text", "qwen3", _config_edit(hidden_size="wide"),
+     "hidden_size must be a positive integer, got 'wide'"),
     ("kv_heads_do_not_group", "phi3", _config_edit(num_key_value_heads=3), "3 KV heads"),
 ]  # fmt: skip
 
