@@ -272,6 +272,12 @@ class EngineConfig:
     # device bytes for DoRA scales, LoRA on the heads and saved heads, shared by the slots'
     # adapters that have them; default: room for every slot (lora/slots.py)
     lora_extra_bytes: int | None = None
+    # decode steps replay CUDA graphs (cuda_graphs.py) on CUDA with the Triton attention
+    # backend; True runs every step eagerly (vLLM's name), for debugging
+    enforce_eager: bool = False
+    # the largest decode batch a graph is captured for; larger batches run eagerly.
+    # Default: min(max_num_seqs, 256)
+    max_cudagraph_capture_size: int | None = None
     model_config: ModelConfig = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -315,6 +321,7 @@ class EngineConfig:
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ConfigError("gpu_memory_utilization must be in (0, 1]")
         self._check_lora()
+        self._check_graphs()
         try:
             self.attention_backend = attention_backend(self.attention_backend, device)
         except ValueError as e:
@@ -363,6 +370,19 @@ class EngineConfig:
                 f"max_cpu_loras {self.max_cpu_loras} must be at least max_loras {self.max_loras}: "
                 f"host memory caches at least the adapters the device slots can hold"
             )
+
+    def _check_graphs(self) -> None:
+        if not isinstance(self.enforce_eager, bool):
+            raise ConfigError(f"enforce_eager must be true or false, got {self.enforce_eager!r}")
+        size = self.max_cudagraph_capture_size
+        if size is None:
+            self.max_cudagraph_capture_size = min(self.max_num_seqs, 256)
+        elif isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ConfigError(
+                f"max_cudagraph_capture_size must be a positive integer, got {size!r}"
+            )
+        else:  # no decode batch is larger than max_num_seqs: a bigger graph would never run
+            self.max_cudagraph_capture_size = min(size, self.max_num_seqs)
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 import torch
 
 from .config import EngineConfig
+from .cuda_graphs import Capture, CudaGraphCapture, DecodeGraphs, DecodeRows
+from .errors import ConfigError
 from .kv_cache import allocate_kv_cache, kv_cache_budget
 from .lora.apply import LoRAStep, SlotRows
 from .lora.slots import LoRASlots
@@ -63,9 +65,22 @@ class ModelRunner:
         if self.device.type == "cuda":
             self._warm_up()
         lora_bytes = self.lora_slots.nbytes if self.lora_slots is not None else 0
-        self.num_blocks = kv_cache_budget(config, self.device, lora_bytes) // config.kv_block_bytes
-        self.kv_cache = allocate_kv_cache(self.model, config, self.num_blocks, self.device)
+        blocks = kv_cache_budget(config, self.device, lora_bytes) // config.kv_block_bytes
+        # Decode graphs pad their batches; the padding rows write into one block of their
+        # own, the last, which the block manager never hands out.
+        graphs_allowed = self.paged and not config.enforce_eager
+        self.num_blocks = blocks - 1 if graphs_allowed else blocks
+        if self.num_blocks < 1:
+            raise ConfigError(
+                f"the KV cache holds {blocks} block, and CUDA graphs reserve one for padding; "
+                "raise kv_cache_bytes or set enforce_eager"
+            )
+        self.kv_cache = allocate_kv_cache(self.model, config, blocks, self.device)
         self.sampler = Sampler()
+        self.graphs: DecodeGraphs | None = None
+        self.graph_bytes = 0  # device memory the graphs and their buffers took at capture
+        if graphs_allowed and self.device.type == "cuda":
+            self.enable_graphs(CudaGraphCapture(self.device))
         # Decode attention may keep a padded copy of the running batch's keys and values
         # (see Attention.decode_kv), at most as large as the cache itself. Not on CUDA: there
         # the cache already fills the memory, and a paged-attention kernel is the way.
@@ -77,9 +92,43 @@ class ModelRunner:
         self._buffer_len = 0
 
     @torch.inference_mode()
+    def enable_graphs(self, capture: Capture) -> None:
+        """Capture the decode graphs (after the KV cache exists: they write into it) and
+        count the memory they took. On CUDA at start-up; tests pass `direct_capture`."""
+        assert self.paged and not self.config.enforce_eager, "graphs need the paged kernels"
+        assert self.config.max_cudagraph_capture_size is not None  # resolved by EngineConfig
+        cuda = self.device.type == "cuda"
+        if cuda:  # cached free blocks go back first, or capturing (which frees them) hides its cost
+            torch.cuda.synchronize(self.device)
+            torch.cuda.empty_cache()
+            free_before = torch.cuda.mem_get_info(self.device)[0]
+        self.graphs = DecodeGraphs(
+            self.model,
+            self.lora_slots,
+            largest=self.config.max_cudagraph_capture_size,
+            max_blocks=-(-self.max_model_len // self.block_size),
+            pad_block=self.num_blocks,
+            block_size=self.block_size,
+            capture=capture,
+        )
+        self.graphs.capture_all()
+        if cuda:
+            torch.cuda.synchronize(self.device)
+            self.graph_bytes = free_before - torch.cuda.mem_get_info(self.device)[0]
+        else:
+            self.graph_bytes = self.graphs.buffers.nbytes
+
+    def _on_graphs(self, batch: ScheduledBatch) -> bool:
+        return self.graphs is not None and self.graphs.takes(batch.decodes, bool(batch.prefills))
+
+    @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> tuple[list[Sequence], SamplerOutput]:
         """Run one step: the sequences that sampled a token, and their tokens. Prompt
         logprobs are appended to their sequences on the way."""
+        if self._on_graphs(batch):
+            assert self.graphs is not None
+            logits = self.graphs.forward(self._decode_rows(batch.decodes))
+            return batch.decodes, self.graphs.sample(batch.decodes, logits)
         step = self.compute_logits(batch)
         for seq, first_position, rows in step.prompt:
             prompt_logprobs(seq, first_position, rows)
@@ -87,6 +136,10 @@ class ModelRunner:
 
     @torch.inference_mode()
     def compute_logits(self, batch: ScheduledBatch) -> StepLogits:
+        if self._on_graphs(batch):  # a copy: the graphs' buffer changes with the next step
+            assert self.graphs is not None
+            logits = self.graphs.forward(self._decode_rows(batch.decodes)).clone()
+            return StepLogits(list(batch.decodes), logits, [])
         input_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
@@ -142,6 +195,17 @@ class ModelRunner:
             logits = self.model.compute_logits(hidden[self._tensor(rows)]).float()
         prompt = [(seq, first, logits[at : at + k]) for seq, first, at, k in prompt_spans]
         return StepLogits(samplers, logits[sample_at], prompt)
+
+    def _decode_rows(self, seqs: list[Sequence]) -> DecodeRows:
+        """A decode step's inputs as the graphs take them, in the sequences' order."""
+        return DecodeRows(
+            token_ids=[seq.last_token_id for seq in seqs],
+            positions=[self._positions(seq, len(seq) - 1, 1)[0] for seq in seqs],
+            slots=[self._slot(seq, len(seq) - 1) for seq in seqs],
+            lora_slots=[seq.lora_slot for seq in seqs],
+            tables=[seq.block_table for seq in seqs],
+            context_lens=[len(seq) for seq in seqs],
+        )
 
     def _prepare_decode(self, seqs: list[Sequence], ctx: ForwardContext, offset: int) -> list[int]:
         """Set up the decode part of a step: the newest token of each sequence, attending over

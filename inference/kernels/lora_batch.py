@@ -138,3 +138,35 @@ def make_lora_batch(
         path=path,
         backend=backend,
     )
+
+
+def static_decode_batch(token_slots: torch.Tensor) -> LoRABatch:
+    """A BGMV batch over a buffer of token slots (-1 = no adapter) that a CUDA graph reads
+    on every replay: the Triton kernels look each token's slot up on the device, so the
+    buffer's contents may change between replays while every launch stays the same.
+
+    The host knows nothing of the slots, so the segment fields are stand-ins: one segment
+    covering every token (the ops launch whenever it is non-empty), max_slot -1 (the caller
+    fills the buffer with slots it holds). Triton only: the torch reference reads the
+    segments on the host."""
+    if not isinstance(token_slots, torch.Tensor) or token_slots.dim() != 1:
+        raise ValueError("token_slots must be a 1-D tensor [num_tokens]")
+    if token_slots.dtype != torch.int64 or token_slots.stride(0) != 1:
+        raise ValueError(f"token_slots must be a contiguous int64 tensor, got {token_slots.dtype}")
+    check_backend("triton", token_slots.device)
+    n = token_slots.numel()
+    none = token_slots.new_empty(0)
+    return LoRABatch(
+        token_slots=token_slots,
+        sorted_token_ids=none,
+        seg_starts=none,
+        seg_lens=none,
+        seg_slots=none,
+        padded_rows=none,
+        segments=((0, 0, n),) if n else (),
+        num_tokens=n,
+        max_seg_len=n,
+        max_slot=-1,
+        path="bgmv",
+        backend="triton",
+    )

@@ -34,8 +34,9 @@ from inference.kernels.triton_kernels import (
     sgmv_shrink_kernel,
 )
 
-_TABLE_CACHE_SIZE = 1024
+# Never dropped: a captured CUDA graph keeps their addresses (a few int64s per weight stack)
 _tables: dict[tuple[torch.device, tuple[tuple[int, ...], ...]], torch.Tensor] = {}
+_FITTED_CACHE_SIZE = 1024
 _fitted: dict[tuple[Tiles, int, int], Tiles] = {}
 
 
@@ -54,8 +55,6 @@ def _table(rows: Sequence[tuple[int, ...]], device: torch.device) -> torch.Tenso
     key = (device, tuple(rows))
     table = _tables.get(key)
     if table is None:
-        if len(_tables) >= _TABLE_CACHE_SIZE:
-            _tables.clear()
         table = _tables[key] = torch.tensor(rows, dtype=torch.int64, device=device)
     return table
 
@@ -86,7 +85,7 @@ def launch_tiles(
     key = (tiles, block_m, split_k)
     fitted = _fitted.get(key)
     if fitted is None:
-        if len(_fitted) >= _TABLE_CACHE_SIZE:
+        if len(_fitted) >= _FITTED_CACHE_SIZE:
             _fitted.clear()
         fitted = _fitted[key] = dataclasses.replace(tiles, block_m=block_m, split_k=split_k)
     return fitted
