@@ -9,8 +9,6 @@ Adapters are real PEFT saves: LoRA layers are injected into that model, redrawn 
 saved, then unloaded again, leaving the base model as it was.
 """
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -56,16 +54,6 @@ def llama_shape(
     }
 
 
-@contextmanager
-def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(previous)
-
-
 def build_random_llama(
     folder: Path,
     shape: dict[str, Any],
@@ -88,7 +76,9 @@ def build_random_llama(
         **shape, initializer_range=init_std, bos_token_id=1, eos_token_id=2, pad_token_id=None
     )
     torch.manual_seed(seed)
-    with torch.device(device), _default_dtype(dtype):
+    from inference.engine.utils import default_dtype
+
+    with torch.device(device), default_dtype(dtype):
         model = LlamaForCausalLM(config)
     model.eval()
     model.save_pretrained(folder)

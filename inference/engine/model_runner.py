@@ -2,9 +2,7 @@
 sequence that fed its last uncomputed token (a prefill chunk short of that samples nothing)."""
 
 import itertools
-from collections.abc import Iterator
 from collections.abc import Sequence as SequenceOf
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -22,6 +20,7 @@ from .model.rotary import uses_long_factors
 from .sampler import Sampler, SamplerOutput, prompt_logprobs
 from .scheduler import ScheduledBatch
 from .sequence import Sequence
+from .utils import default_dtype
 
 
 @dataclass
@@ -46,7 +45,7 @@ class ModelRunner:
         mc = config.model_config
         self.longrope_original = mc.longrope_original
         self.paged = config.attention_backend == "triton"  # the Triton paged-attention kernels
-        with torch.device(self.device), _default_dtype(config.torch_dtype):
+        with torch.device(self.device), default_dtype(config.torch_dtype):
             self.model = CausalLM(mc, max_positions=self.max_model_len).eval()
         load_weights(self.model, config.model)
         # LoRA slots come before the KV cache: allocated once, their bytes leave the KV budget.
@@ -343,17 +342,6 @@ def _length_groups(lengths: list[int], max_groups: int = 4) -> list[tuple[int, i
             groups.append((row, n))
     ends = [start for start, _ in groups[1:]] + [len(lengths)]
     return [(start, end, width) for (start, width), end in zip(groups, ends, strict=True)]
-
-
-@contextmanager
-def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
-    """Create parameters directly in the serving dtype (no float32 copy on the way)."""
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(previous)
 
 
 def _padded_tables(tables: list[list[int]]) -> list[list[int]]:
