@@ -11,8 +11,8 @@ one time budget with a cap per section):
                        the first divergence explained by a bf16 near-tie, max logit error
   copy_bandwidth       a device-to-device copy: the bandwidth yardstick
   serving_model        random Llama-3-8B weights made on the device and saved; 32 PEFT adapters
-  decode_throughput    the engine's decode tokens/s at batch 1, 32, 128 (with CUDA graphs and
-                       without, once the engine has them: until then "not built")
+  decode_throughput    the engine's decode tokens/s at batch 1, 32, 128, with CUDA graphs and
+                       without (enforce_eager)
   memory_bandwidth     bytes of weights and KV read per decode step / step time, as a share
                        of the copy's rate
   ttft                 a 1,000-token prompt's time to first token, cold and prefix-cached

@@ -76,7 +76,7 @@ def setup_platform(
     from tests.peft_adapters import make_peft_adapter
 
     call_command("migrate", verbosity=0)
-    base, _ = base_model_import(name="smollm2-135m-instruct", path=model_dir, serve=True)
+    base, _ = base_model_import(name="smollm2-135m-instruct", path=model_dir, default=True)
     tenants = [tenant_create(slug=f"load-{t}", name=f"Load {t}") for t in range(n_tenants)]
     keys = [api_key_create(tenant=t, name="load", scopes=["inference"])[1] for t in tenants]
     systems = [""] * n_tenants

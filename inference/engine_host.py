@@ -95,21 +95,32 @@ class EngineHost:
 
 def _build_engine(on_failure: Callable[[BaseException], None]):
     from inference.engine import AsyncLLMEngine, EngineConfig, LLMEngine
-    from registry.selectors import base_model_served
 
-    base = base_model_served()
-    if base is None:
-        raise EngineUnavailable(
-            "No base model is imported: run `manage.py import_base_model --preset smollm2-135m-instruct`."
-        )
-    if settings.BASE_MODEL_NAME and base.name != settings.BASE_MODEL_NAME:
-        raise EngineUnavailable(
-            f"LORAPLEX_BASE_MODEL is {settings.BASE_MODEL_NAME!r} but the served base model is {base.name!r}."
-        )
+    base = _base_model_to_serve()
     config = EngineConfig(model=base.local_path, **settings.ENGINE_OPTIONS)
     engine = AsyncLLMEngine(LLMEngine(config, lora_loader=_fetch_adapter), on_failure=on_failure)
     logger.info("engine started: %s (%s) on %s", base.name, base.revision[:12], config.device)
     return engine, ServedModel(name=base.name, revision=base.revision, path=Path(base.local_path))
+
+
+def _base_model_to_serve():
+    """LORAPLEX_BASE_MODEL's base model, else the default one: this replica's, one of any
+    number that replicas serve side by side."""
+    from registry.models import BaseModel
+    from registry.selectors import base_model_default
+
+    name = settings.BASE_MODEL_NAME
+    base = BaseModel.objects.filter(name=name).first() if name else base_model_default()
+    if base is not None:
+        return base
+    if not name:
+        raise EngineUnavailable(
+            "No base model is imported: run `manage.py import_base_model --preset smollm2-135m-instruct`."
+        )
+    known = ", ".join(BaseModel.objects.values_list("name", flat=True)) or "none"
+    raise EngineUnavailable(
+        f"LORAPLEX_BASE_MODEL is {name!r}, which is not an imported base model (known: {known})."
+    )
 
 
 def _fetch_adapter(lora_request) -> Path:

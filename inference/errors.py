@@ -56,6 +56,11 @@ class ModelNotServable(ApiError, status=409, code="model_not_servable"):
     """The name resolves, but to a version that may not run here (not ready, incompatible)."""
 
 
+class BaseModelUnavailable(ApiError, status=503, code="base_model_unavailable"):
+    """The model runs on a base model this replica does not serve: the router sends it to
+    that base model's replicas, and answers the same code when none of them is ready."""
+
+
 class EngineUnavailable(ApiError, status=503, code="engine_unavailable"):
     """No engine in this process: turned off, no base model imported, or it failed to start."""
 

@@ -1,41 +1,41 @@
-"""GET /v1/models for one tenant: the base model, each adapter, and each adapter@alias; and
+"""GET /v1/models for one tenant: the base models, each adapter, and each adapter@alias; and
 GET /v1/models/{model}, one of those (the same names, so the two never disagree)."""
 
 from registry.model_names import alias_name
-from registry.models import AdapterVersion
-from registry.selectors import adapter_list, alias_list, base_model_served
+from registry.models import AdapterVersion, BaseModel
+from registry.selectors import adapter_list, alias_list
 
 from .errors import ModelNotFound
 
 
 def models_for_tenant(*, tenant) -> list[dict]:
-    base = base_model_served()
-    if base is None:
-        return []
-    created = int(base.created_at.timestamp())
+    """Every base model, then the tenant's adapters (with a ready version) and aliases on
+    any of them, `parent` naming the base model each runs on. The whole deployment's list,
+    whichever replica answers: a model of another base than the answering replica's is
+    served through the router's route for its base (docker/haproxy.cfg)."""
+    bases = list(BaseModel.objects.order_by("name"))
     data = [
         {
             "id": base.name,
             "object": "model",
-            "created": created,
+            "created": int(base.created_at.timestamp()),
             "owned_by": "loraplex",
             "root": base.name,
             "parent": None,
         }
+        for base in bases
     ]
     ready = set(
         AdapterVersion.objects.filter(
             adapter__tenant=tenant, status=AdapterVersion.READY
         ).values_list("adapter_id", flat=True)
     )
-    for adapter in (
-        adapter_list(tenant=tenant).filter(base_model=base, id__in=ready).order_by("name")
-    ):
-        data.append(_entry(adapter.name, adapter, tenant, base.name))
-    for alias in (
-        alias_list(tenant=tenant).filter(adapter__base_model=base).order_by("adapter__name", "name")
-    ):
-        data.append(_entry(alias_name(alias, qualified=False), alias.adapter, tenant, base.name))
+    adapters = adapter_list(tenant=tenant).filter(id__in=ready).select_related("base_model")
+    for adapter in adapters.order_by("name"):
+        data.append(_entry(adapter.name, adapter, tenant))
+    aliases = alias_list(tenant=tenant).select_related("adapter__base_model")
+    for alias in aliases.order_by("adapter__name", "name"):
+        data.append(_entry(alias_name(alias, qualified=False), alias.adapter, tenant))
     return data
 
 
@@ -47,7 +47,8 @@ def model_for_tenant(*, tenant, model_id: str) -> dict:
     raise ModelNotFound(model_id, param="model")
 
 
-def _entry(model_id: str, adapter, tenant, base_name: str) -> dict:
+def _entry(model_id: str, adapter, tenant) -> dict:
+    base_name = adapter.base_model.name
     return {
         "id": model_id,
         "object": "model",

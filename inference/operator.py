@@ -188,7 +188,12 @@ def register(ref: ModelRef, source: LoraSource, *, actor: str, replace: bool) ->
     try:
         with operator_fields():
             return adapter_version_register(
-                tenant=tenant, adapter_name=ref.adapter, source=source, actor=actor, replace=replace
+                tenant=tenant,
+                adapter_name=ref.adapter,
+                source=source,
+                actor=actor,
+                replace=replace,
+                base_model_name=HOST.model.name if HOST.model is not None else None,
             )
     except NotServable as exc:  # the adapter is another base model's
         raise ModelNotServable(exc.message, param=LORA_NAME) from None

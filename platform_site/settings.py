@@ -299,6 +299,8 @@ ENGINE_ENABLED = env.bool("LORAPLEX_ENGINE", default=True)
 BASE_MODEL_NAME = env.str("LORAPLEX_BASE_MODEL", default="")
 ENGINE_OPTIONS = {
     "device": env.str("LORAPLEX_DEVICE", default="auto"),
+    # N > 1 shards the model over N ranks (workers this process starts; on CUDA one device each)
+    "tensor_parallel_size": env.int("LORAPLEX_TENSOR_PARALLEL_SIZE", default=1),
     "dtype": env.str("LORAPLEX_DTYPE", default="auto"),
     "attention_backend": env.str("LORAPLEX_ATTENTION_BACKEND", default="auto"),
     "enforce_eager": env.bool("LORAPLEX_ENFORCE_EAGER", default=False),

@@ -78,12 +78,12 @@ class BaseModelAdmin(ReadOnlyAdmin):
     list_display = [
         "name",
         "short_revision",
-        "is_served",
+        "is_default",
         "evaluation_progress",
         "local_path",
         "updated_at",
     ]
-    list_filter = ["is_served"]
+    list_filter = ["is_default"]
     search_fields = ["name", "revision", "local_path"]
     readonly_fields = ["upgrade_progress"]
     actions = ["recheck"]

@@ -67,7 +67,7 @@ class RegistryApi(APIView):
 class BaseModelOutputSerializer(serializers.ModelSerializer):
     class Meta:
         model = BaseModel
-        fields = ["name", "revision", "fingerprint", "is_served", "created_at", "updated_at"]
+        fields = ["name", "revision", "fingerprint", "is_default", "created_at", "updated_at"]
 
 
 class AdapterOutputSerializer(serializers.ModelSerializer):

@@ -4,15 +4,20 @@ Each `serve` process that hosts an engine answers the operator protocol
 (inference/operator_protocol.py): pin and unpin by qualified model name
 (registry/model_names.py), list the loaded adapters, /metrics, and score an eval set for the
 quality gate. Engines are listed in LORAPLEX_ENGINE_URLS and reached with the operator token
-(/metrics with the metrics token).
+(/metrics with the metrics token). Replicas behind a router are listed by one name that
+resolves to each of them: `dns+http://engine:8000` (Thanos's and Prometheus's convention)
+stands for one URL per address `engine` resolves to, so pins and the Engines page reach
+every replica however many compose or Kubernetes runs.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import socket
 import sys
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 
@@ -36,8 +41,34 @@ class EngineCallFailed(Exception):
         self.status = status  # the engine's HTTP status; None when it did not answer
 
 
+DNS_PREFIX = "dns+"
+
+
 def engine_urls() -> list[str]:
-    return list(settings.ENGINE_URLS)
+    """LORAPLEX_ENGINE_URLS, each `dns+` entry expanded to its replicas' addresses now."""
+    urls: list[str] = []
+    for url in settings.ENGINE_URLS:
+        expanded = _resolve(url.removeprefix(DNS_PREFIX)) if url.startswith(DNS_PREFIX) else [url]
+        urls += [u for u in expanded if u not in urls]
+    return urls
+
+
+def _resolve(url: str) -> list[str]:
+    """One URL per IPv4/IPv6 address of the URL's host; none while the name does not resolve
+    (no replica is up): the caller reports an empty list, not an error."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.hostname is None:
+        return [url]
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        infos = socket.getaddrinfo(parts.hostname, port, type=socket.SOCK_STREAM)
+    except socket.gaierror:
+        return []
+    urls = []
+    for family, _, _, _, address in sorted(infos, key=lambda info: info[0] != socket.AF_INET):
+        host = address[0] if family == socket.AF_INET else f"[{address[0]}]"
+        urls.append(urllib.parse.urlunsplit(parts._replace(netloc=f"{host}:{port}")))
+    return list(dict.fromkeys(urls))
 
 
 def _call(

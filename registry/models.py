@@ -19,7 +19,9 @@ from .names import adapter_name_validator, alias_name_validator, base_model_name
 
 
 class BaseModel(models.Model):
-    """A base model this deployment knows; at most one is served (kept resident by the engine)."""
+    """A base model this deployment knows. Each engine replica serves one (LORAPLEX_BASE_MODEL),
+    and any number are served side by side by their own replicas; the default one (at most
+    one) gets the adapters created without naming a base, and runs where no name is set."""
 
     name = models.CharField(max_length=100, unique=True, validators=[base_model_name_validator])
     revision = models.CharField(
@@ -27,7 +29,9 @@ class BaseModel(models.Model):
     )
     fingerprint = models.JSONField(help_text="ArchFingerprint.to_dict(): the shapes adapters fit")
     local_path = models.CharField(max_length=1000)
-    is_served = models.BooleanField(default=False)
+    is_default = models.BooleanField(
+        default=False, help_text="adapters created without naming a base model go on this one"
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -35,7 +39,7 @@ class BaseModel(models.Model):
         ordering = ["name"]
         constraints = [
             models.UniqueConstraint(
-                fields=["is_served"], condition=Q(is_served=True), name="one_served_base_model"
+                fields=["is_default"], condition=Q(is_default=True), name="one_default_base_model"
             )
         ]
         # registry/permissions.py: staff alone may not touch the engines.

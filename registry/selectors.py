@@ -1,7 +1,7 @@
 """Reads. Tenant isolation lives here, once per model: every tenant-owned query starts from a
 `*_list(*, tenant)` selector, and another tenant's object is a 404 identical to a missing one.
 
-The serving layer calls `base_model_served`, `adapter_version_resolve` and
+The serving layer calls `base_model_default`, `adapter_version_resolve` and
 `registry.staging.ensure_staged`.
 """
 
@@ -32,9 +32,10 @@ def base_model_get(*, name: str) -> BaseModel:
         raise Http404("No such base model.") from None
 
 
-def base_model_served() -> BaseModel | None:
-    """The base model this deployment keeps resident (local_path, fingerprint, revision)."""
-    return BaseModel.objects.filter(is_served=True).first()
+def base_model_default() -> BaseModel | None:
+    """The base model adapters are created on when none is named, and that `serve` runs
+    without LORAPLEX_BASE_MODEL."""
+    return BaseModel.objects.filter(is_default=True).first()
 
 
 @dataclass(frozen=True)
@@ -169,15 +170,13 @@ def adapter_version_resolve(
     The bare name follows `production` (or, without one, the newest ready version), and a
     `canary` alias with weight w takes w% of those requests (`roll` in [0, 1) decides; random
     by default). Unknown or foreign names raise Http404; a version that exists but may not
-    be served (not ready, not checked compatible with the served base revision, or its
-    evaluation there pending, degraded or failed) raises NotServable saying why. Never returns a version the served base model cannot run.
+    be served (not ready, not checked compatible with its base model's current revision, or
+    its evaluation there pending, degraded or failed) raises NotServable saying why. Never
+    returns a version its base model cannot run; which replica runs that base model is the
+    caller's business (inference/resolution.py).
     """
     adapter = adapter_get(tenant=tenant, name=adapter_name)
     base = adapter.base_model
-    if not base.is_served:
-        raise NotServable(
-            f"adapter '{adapter.name}' is for base model {base.name}, not served here"
-        )
     if alias is not None and (alias_number := version_number_of_alias(alias)) is not None:
         alias, number = None, alias_number
     if number is not None:

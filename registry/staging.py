@@ -78,6 +78,11 @@ def _is_complete(folder: Path, version: AdapterVersion) -> bool:
         return False
 
 
+def is_staged(version: AdapterVersion) -> bool:
+    """Whether this host's cache holds the version whole (two stat calls, no download)."""
+    return _is_complete(version_dir(version), version)
+
+
 def _fsync(folder: Path, *, files: bool = True) -> None:
     """Flush a folder's files and its entries: after a power cut, a folder that exists under
     its final name still holds every byte (a killed process needs none of this)."""
@@ -109,14 +114,18 @@ def ensure_staged(version: AdapterVersion) -> Path:
             raise StagingError(f"{version.label}: {check.message}")
         tmp.chmod(0o755)
         _fsync(tmp)  # the bytes reach the disk before the name does
-        if folder.exists():  # damaged (sizes differ): replace it
-            _remove(folder)
-        try:
-            tmp.rename(folder)
-        except OSError:
-            if not _is_complete(folder, version):  # else a concurrent stager won the race
-                raise
-        _fsync(root, files=False)  # and the rename itself survives a crash
+        # A concurrent stager (the worker, this replica's prefetcher, the engine's loader)
+        # may have put it in place meanwhile: a complete folder is never replaced, since
+        # its stager's caller may be reading it now.
+        if not _is_complete(folder, version):
+            if folder.exists():  # damaged (sizes differ): replace it
+                _remove(folder)
+            try:
+                tmp.rename(folder)
+            except OSError:
+                if not _is_complete(folder, version):  # else a concurrent stager won the race
+                    raise
+            _fsync(root, files=False)  # and the rename itself survives a crash
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     evict(keep={version.uid.hex})

@@ -17,7 +17,7 @@ from audit.models import AuditEvent
 from audit.selectors import audit_event_list
 from registry.models import Adapter, AdapterVersion, Alias
 from registry.quality import factors
-from registry.selectors import adapter_list, adapter_version_list, alias_list, base_model_served
+from registry.selectors import adapter_list, adapter_version_list, alias_list, base_model_default
 from tenants.usage import usage_totals
 
 from .charts import perplexity_bars
@@ -107,7 +107,7 @@ class PlaygroundModels:
 
 def playground_models(*, tenant) -> PlaygroundModels:
     """What a member can pick: adapters with a ready version (and their aliases), or the base."""
-    base = base_model_served()
+    base = base_model_default()
     if base is None:
         return PlaygroundModels(base=None)
     # name -> description: the label says what an adapter does ("Answers in French.")

@@ -278,6 +278,9 @@ class EngineConfig:
     # the largest decode batch a graph is captured for; larger batches run eagerly.
     # Default: min(max_num_seqs, 256)
     max_cudagraph_capture_size: int | None = None
+    # shard the model over this many ranks (parallel/): this process is rank 0 and starts
+    # the others; on CUDA one device each (cuda:0..N-1), decode steps run eagerly
+    tensor_parallel_size: int = 1
     model_config: ModelConfig = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -322,6 +325,7 @@ class EngineConfig:
             raise ConfigError("gpu_memory_utilization must be in (0, 1]")
         self._check_lora()
         self._check_graphs()
+        self._check_tensor_parallel(device)
         try:
             self.attention_backend = attention_backend(self.attention_backend, device)
         except ValueError as e:
@@ -383,6 +387,29 @@ class EngineConfig:
             )
         else:  # no decode batch is larger than max_num_seqs: a bigger graph would never run
             self.max_cudagraph_capture_size = min(size, self.max_num_seqs)
+
+    def _check_tensor_parallel(self, device: torch.device) -> None:
+        size = self.tensor_parallel_size
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ConfigError(f"tensor_parallel_size must be a positive integer, got {size!r}")
+        if size == 1:
+            return
+        from .parallel.group import timeout_seconds
+        from .parallel.plan import check_shardable
+
+        check_shardable(self.model_config, size)
+        timeout_seconds()  # a bad LORAPLEX_TP_TIMEOUT_SECONDS is refused before any rank starts
+        if device.type == "cuda":
+            if device.index not in (None, 0):
+                raise ConfigError(
+                    f"a tensor-parallel engine runs rank i on cuda:i; device {self.device!r} "
+                    f"must be 'cuda' (rank 0 on cuda:0)"
+                )
+            if torch.cuda.device_count() < size:
+                raise ConfigError(
+                    f"tensor_parallel_size {size} needs {size} CUDA devices, "
+                    f"{torch.cuda.device_count()} are visible"
+                )
 
     @property
     def torch_dtype(self) -> torch.dtype:

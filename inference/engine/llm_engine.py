@@ -70,6 +70,8 @@ class LLMEngine:
                 f"{self.config.model_config.vocab_size}; tokenizer.json belongs to another model"
             )
         self.model_runner = ModelRunner(self.config)
+        if self.model_runner.workers is not None:  # a lost rank wakes an idle step loop
+            self.model_runner.workers.on_failure = self._wake
         self.block_manager = BlockManager(
             self.model_runner.num_blocks,
             self.config.block_size,
@@ -242,7 +244,9 @@ class LLMEngine:
         return True
 
     def has_unfinished(self) -> bool:
-        """Requests to serve, outputs to hand over, or adapters loading."""
+        """Requests to serve, outputs to hand over, or adapters loading. Raises
+        RankFailedError once a rank of a tensor-parallel engine is lost."""
+        self.model_runner.check_ranks()
         return bool(
             self.requests
             or self._aborted
@@ -413,11 +417,18 @@ class LLMEngine:
         if self.lora_manager is not None:
             self.lora_manager.loader.wakeup = callback
 
+    def _wake(self) -> None:
+        wakeup = getattr(self, "_wakeup", None)  # the watchdog may fire during __init__
+        if wakeup is not None:
+            wakeup()
+
     def close(self) -> None:
-        """Stop the adapter loader and grammar compiler threads."""
+        """Stop the adapter loader and grammar compiler threads (and the other ranks of a
+        tensor-parallel engine)."""
         self.structured.close()
         if self.lora_manager is not None:
             self.lora_manager.shutdown()
+        self.model_runner.close()
 
     def _lora(self) -> LoRAManager:
         if self.lora_manager is None:

@@ -1,6 +1,7 @@
 """Turns a scheduled batch into tensors, runs the model, and samples the next token of each
 sequence that fed its last uncomputed token (a prefill chunk short of that samples nothing)."""
 
+import copy
 import itertools
 from collections.abc import Sequence as SequenceOf
 from dataclasses import dataclass
@@ -17,6 +18,9 @@ from .model.context import ForwardContext, PagedStep, forward_context
 from .model.decoder import CausalLM
 from .model.loader import load_weights
 from .model.rotary import uses_long_factors
+from .parallel.group import min_over_ranks
+from .parallel.plan import ShardPlan
+from .parallel.workers import StepInputs, Workers, move_context
 from .sampler import Sampler, SamplerOutput, prompt_logprobs
 from .scheduler import ScheduledBatch
 from .sequence import Sequence
@@ -35,9 +39,29 @@ class StepLogits:
 
 
 class ModelRunner:
-    def __init__(self, config: EngineConfig):
-        assert config.max_model_len is not None and config.max_num_batched_tokens is not None
+    """With tensor_parallel_size N > 1, rank 0's runner starts the other N - 1 ranks
+    (parallel/workers.py), whose runners `follow` each step it runs."""
+
+    def __init__(self, config: EngineConfig, rank: int = 0):
         self.config = config
+        self.rank = rank
+        plan: ShardPlan | None = None
+        self.workers: Workers | None = None
+        if config.tensor_parallel_size > 1:
+            plan = ShardPlan(rank, config.tensor_parallel_size, config.model_config)
+            if rank == 0:
+                self.workers = Workers(config)
+        try:
+            self._build(plan)
+        except BaseException:
+            self.close()  # a runner that could not start takes its other ranks with it
+            raise
+
+    def _build(self, plan: ShardPlan | None) -> None:
+        """The model (this rank's shard under a plan), its weights, the LoRA slots, the KV
+        cache and, on CUDA, the decode graphs."""
+        config = self.config
+        assert config.max_model_len is not None and config.max_num_batched_tokens is not None
         self.max_model_len = config.max_model_len  # resolved by EngineConfig
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.block_size = config.block_size
@@ -46,8 +70,13 @@ class ModelRunner:
         self.longrope_original = mc.longrope_original
         self.paged = config.attention_backend == "triton"  # the Triton paged-attention kernels
         with torch.device(self.device), default_dtype(config.torch_dtype):
-            self.model = CausalLM(mc, max_positions=self.max_model_len).eval()
+            self.model = CausalLM(mc, max_positions=self.max_model_len, plan=plan).eval()
         load_weights(self.model, config.model)
+        # the KV cache's shape and budget are per rank: this rank's KV heads
+        self.kv_config = config
+        if plan is not None:
+            self.kv_config = copy.copy(config)
+            self.kv_config.model_config = plan.local_config()
         # LoRA slots come before the KV cache: allocated once, their bytes leave the KV budget.
         self.lora_slots = (
             LoRASlots(
@@ -61,20 +90,26 @@ class ModelRunner:
             if config.enable_lora
             else None
         )
+        if self.lora_slots is not None and self.workers is not None:
+            self.lora_slots.journal = []  # the other ranks repeat rank 0's slot writes
         if self.device.type == "cuda":
             self._warm_up()
         lora_bytes = self.lora_slots.nbytes if self.lora_slots is not None else 0
-        blocks = kv_cache_budget(config, self.device, lora_bytes) // config.kv_block_bytes
+        kv_config = self.kv_config
+        blocks = kv_cache_budget(kv_config, self.device, lora_bytes) // kv_config.kv_block_bytes
+        if plan is not None:  # every rank holds the same blocks: the fewest any can
+            blocks = min_over_ranks(blocks, self.device)
         # Decode graphs pad their batches; the padding rows write into one block of their
-        # own, the last, which the block manager never hands out.
-        graphs_allowed = self.paged and not config.enforce_eager
+        # own, the last, which the block manager never hands out. Not under tensor
+        # parallelism: every rank would have to replay its graph in step.
+        graphs_allowed = self.paged and not config.enforce_eager and plan is None
         self.num_blocks = blocks - 1 if graphs_allowed else blocks
         if self.num_blocks < 1:
             raise ConfigError(
                 f"the KV cache holds {blocks} block, and CUDA graphs reserve one for padding; "
                 "raise kv_cache_bytes or set enforce_eager"
             )
-        self.kv_cache = allocate_kv_cache(self.model, config, blocks, self.device)
+        self.kv_cache = allocate_kv_cache(self.model, kv_config, blocks, self.device)
         self.sampler = Sampler()
         self.graphs: DecodeGraphs | None = None
         self.graph_bytes = 0  # device memory the graphs and their buffers took at capture
@@ -84,7 +119,7 @@ class ModelRunner:
         # (see Attention.decode_kv), at most as large as the cache itself. Not on CUDA: there
         # the cache already fills the memory, and a paged-attention kernel is the way.
         self.decode_buffer_bytes = (
-            self.num_blocks * config.kv_block_bytes if self.device.type == "cpu" else 0
+            self.num_blocks * kv_config.kv_block_bytes if self.device.type == "cpu" else 0
         )
         self.decode_buffer_headroom = 64  # tokens to grow by before the buffers are rebuilt
         self._last_decode: list[tuple[Sequence, int]] = []  # (sequence, length) of the last decode
@@ -186,14 +221,69 @@ class ModelRunner:
         else:
             self._last_decode = []  # the next decode batch is new
         ctx.slot_mapping = self._tensor(slots)
+        if self.workers is None:
+            logits = self._forward(ctx, input_ids, positions, rows, lora_slots)
+        else:
+            logits = self._forward_all_ranks(ctx, input_ids, positions, rows, lora_slots)
+        prompt = [(seq, first, logits[at : at + k]) for seq, first, at, k in prompt_spans]
+        return StepLogits(samplers, logits[sample_at], prompt)
+
+    def _forward(
+        self,
+        ctx: ForwardContext,
+        input_ids: list[int],
+        positions: list[int],
+        rows: list[int],
+        lora_slots: list[int],
+    ) -> torch.Tensor:
+        """The logits (float32) of `rows` of the fed tokens."""
         ctx.lora = self._lora_step(lora_slots)
         with forward_context(ctx):
             hidden: torch.Tensor = self.model(self._tensor(input_ids), self._tensor(positions))
             if ctx.lora is not None:  # lm_head sees the sampled rows only
                 ctx.lora_head = self._lora_head([lora_slots[r] for r in rows])
             logits = self.model.compute_logits(hidden[self._tensor(rows)]).float()
-        prompt = [(seq, first, logits[at : at + k]) for seq, first, at, k in prompt_spans]
-        return StepLogits(samplers, logits[sample_at], prompt)
+        return logits
+
+    def _forward_all_ranks(
+        self,
+        ctx: ForwardContext,
+        input_ids: list[int],
+        positions: list[int],
+        rows: list[int],
+        lora_slots: list[int],
+    ) -> torch.Tensor:
+        """Rank 0's step under tensor parallelism: the inputs to every rank, then the
+        forward they run together. A lost rank fails the step with RankFailedError."""
+        assert self.workers is not None
+        writes = []
+        if self.lora_slots is not None and self.lora_slots.journal:
+            journal, self.lora_slots.journal = self.lora_slots.journal, []
+            writes = [(slot, None if a is None else (a.request, a.path)) for slot, a in journal]
+        cpu = torch.device("cpu")
+        self.workers.send(
+            StepInputs(input_ids, positions, rows, lora_slots, move_context(ctx, cpu), writes)
+        )
+        try:
+            return self._forward(ctx, input_ids, positions, rows, lora_slots)
+        except RuntimeError as e:  # a collective failed: a rank died or timed out
+            raise self.workers.failed(f"{type(e).__name__}: {e}") from e
+
+    @torch.inference_mode()
+    def follow(self, inputs: StepInputs) -> None:
+        """Ranks 1..N-1: run rank 0's step on this rank's shard (the logits are rank 0's)."""
+        ctx = move_context(inputs.ctx, self.device)
+        self._forward(ctx, inputs.input_ids, inputs.positions, inputs.rows, inputs.lora_slots)
+
+    def check_ranks(self) -> None:
+        """Raise RankFailedError once a rank of a tensor-parallel engine is lost."""
+        if self.workers is not None:
+            self.workers.check()
+
+    def close(self) -> None:
+        if self.workers is not None:
+            self.workers.close()
+            self.workers = None
 
     def _decode_rows(self, seqs: list[Sequence]) -> DecodeRows:
         """A decode step's inputs as the graphs take them, in the sequences' order."""
@@ -267,7 +357,7 @@ class ModelRunner:
         self._buffer_len = (
             -(-(longest + self.decode_buffer_headroom) // self.block_size) * self.block_size
         )
-        token_bytes = self.config.kv_block_bytes // self.block_size
+        token_bytes = self.kv_config.kv_block_bytes // self.block_size
         if len(seqs) * self._buffer_len * token_bytes > self.decode_buffer_bytes:
             self._last_decode = []
             return None, True

@@ -31,12 +31,12 @@ def _snapshot(adapter: Adapter) -> dict:
 
 def _base_model(name: str | None) -> BaseModel:
     if name is None:
-        served = BaseModel.objects.filter(is_served=True).first()
-        if served is None:
+        default = BaseModel.objects.filter(is_default=True).first()
+        if default is None:
             raise NoBaseModel(
-                "no base model is served yet; an operator must run `manage.py import_base_model`",
+                "no base model is imported yet; an operator must run `manage.py import_base_model`",
             )
-        return served
+        return default
     found = BaseModel.objects.filter(name=name).first()
     if found is None:
         known = ", ".join(BaseModel.objects.values_list("name", flat=True)) or "none"
@@ -51,7 +51,7 @@ def _base_model(name: str | None) -> BaseModel:
 def adapter_create(
     *, tenant, name: str, actor: str, base_model_name: str | None = None, description: str = ""
 ) -> Adapter:
-    """A new adapter on the named base model (default: the one this deployment serves)."""
+    """A new adapter on the named base model (default: the default base model)."""
     try:
         adapter_name_validator(name)
     except ValidationError as exc:

@@ -8,6 +8,7 @@ from django.db import transaction
 from audit.services import Subject, audit_record, snapshot
 
 from .. import queue
+from ..announcements import announce_on_commit
 from ..errors import (
     EvaluationNotPassed,
     InvalidAlias,
@@ -107,6 +108,7 @@ def alias_set(
     alias.save()
     _audit(alias, "alias.set", actor=actor, before=before, after=_snapshot(alias))
     queue.send_on_commit(queue.STAGE, version.pk)  # make sure the target is on local disk
+    announce_on_commit(version)  # and on each engine replica's disk
     return alias, created
 
 

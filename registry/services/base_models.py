@@ -117,14 +117,14 @@ def _served_architecture(raw: dict, *, source: str) -> str:
 
 @transaction.atomic
 def base_model_import(
-    *, name: str, path: Path, serve: bool | None = None
+    *, name: str, path: Path, default: bool | None = None
 ) -> tuple[BaseModel, bool]:
     """Record (or update) a base model; returns (row, revision_changed).
 
     A changed revision makes every adapter on it unservable until the compatibility
     re-check, queued here, has checked it against the new weights and its re-evaluation
-    there has passed (quality pending meanwhile). `serve=None` serves the model when nothing
-    else is served yet.
+    there has passed (quality pending meanwhile). `default=None` makes it the default base
+    model when there is none yet.
     """
     path = Path(path).resolve()
     fingerprint, revision = read_model_folder(path)
@@ -133,11 +133,11 @@ def base_model_import(
     if row is None:
         row = BaseModel(name=name)
     row.revision, row.fingerprint, row.local_path = revision, fingerprint.to_dict(), str(path)
-    if serve is None:
-        serve = row.is_served or not BaseModel.objects.filter(is_served=True).exists()
-    if serve:
-        BaseModel.objects.filter(is_served=True).exclude(pk=row.pk).update(is_served=False)
-    row.is_served = serve
+    if default is None:
+        default = row.is_default or not BaseModel.objects.filter(is_default=True).exists()
+    if default:
+        BaseModel.objects.filter(is_default=True).exclude(pk=row.pk).update(is_default=False)
+    row.is_default = default
     row.full_clean()
     row.save()
     if changed:

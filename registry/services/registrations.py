@@ -21,8 +21,8 @@ from registry.model_names import version_name
 from tenants.models import Tenant
 
 from ..errors import Conflict, NoBaseModel, NotServable, RegistryError, StorageUnavailable
-from ..models import Adapter, AdapterVersion
-from ..selectors import adapter_version_resolve, base_model_served
+from ..models import Adapter, AdapterVersion, BaseModel
+from ..selectors import adapter_version_resolve, base_model_default
 from ..uploads import CONFIG_FIELD, MAX_CONFIG_BYTES, WEIGHTS_FIELD
 from .adapters import adapter_create
 from .lora_sources import LoraSource, open_lora_source
@@ -62,21 +62,34 @@ class Registration:
 
 
 def adapter_version_register(
-    *, tenant: Tenant, adapter_name: str, source: LoraSource, actor: str, replace: bool
+    *,
+    tenant: Tenant,
+    adapter_name: str,
+    source: LoraSource,
+    actor: str,
+    replace: bool,
+    base_model_name: str | None = None,
 ) -> Registration:
-    """Register the files at `source` as a version of the tenant's adapter (created on the
-    served base model if need be) and validate it now.
+    """Register the files at `source` as a version of the tenant's adapter (created on
+    `base_model_name`, the calling engine's, else the default base model, if need be) and
+    validate it now.
 
     Raises AdapterRejected when validation rejects it, AdapterAlreadyLoaded when `replace`
     is false and the adapter's newest version that was not rejected holds other files, and
     what an upload or an import raises (source not found, too large, quotas, storage).
     """
-    base = base_model_served()
+    if base_model_name is None:
+        base = base_model_default()
+    else:
+        base = BaseModel.objects.filter(name=base_model_name).first()
     if base is None:
-        raise NoBaseModel("no base model is served yet; an operator must import one")
+        raise NoBaseModel("no base model is imported yet; an operator must import one")
     existing = Adapter.objects.filter(tenant=tenant, name=adapter_name).first()
     if existing is not None and existing.base_model_id != base.pk:
-        raise NotServable(f"{tenant.slug}/{adapter_name} is an adapter of another base model")
+        raise NotServable(
+            f"{tenant.slug}/{adapter_name} is an adapter of base model "
+            f"{existing.base_model.name}, not of {base.name}"
+        )
     with open_lora_source(source) as (config, weights):
         if existing is not None and not replace:
             _refuse_other_files(existing, config, weights)

@@ -23,6 +23,7 @@ from inference.engine.lora.peft_rules import CONFIG_FILE, WEIGHTS_FILE, ArchFing
 from tenants.models import Tenant
 
 from .. import objectstore, queue
+from ..announcements import announce_on_commit
 from ..errors import ObjectMissing, UploadTooLarge
 from ..models import Adapter, AdapterVersion, BaseModel, Evaluation
 from ..objectstore import Digest
@@ -221,6 +222,7 @@ def _finish(version_id: int, result: ValidationResult, *, revision: str) -> Adap
             )
             version.refresh_from_db()
         queue.send_on_commit(queue.STAGE, version.pk)
+        announce_on_commit(version)  # the engine replicas stage it too
     return version
 
 

@@ -3,6 +3,7 @@ every setting is documented, the example values load, and the compose topology i
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 ENV_EXAMPLE = ROOT / ".env.example"
 COMPOSE = ROOT / "docker" / "compose.yaml"
 DOCKERFILE = ROOT / "docker" / "Dockerfile"
+HAPROXY = ROOT / "docker" / "haproxy.cfg"
 
 
 def env_example() -> dict[str, str]:
@@ -87,7 +89,9 @@ def compose():
 
 def test_compose_runs_the_whole_topology_with_health_checks_and_volumes(compose):
     services = compose["services"]
-    assert set(services) == {"postgres", "redis", "minio", "init", "web", "worker", "engine"}
+    assert set(services) == {
+        "postgres", "redis", "minio", "init", "web", "worker", "engine", "router"
+    }  # fmt: skip
     for name in ("postgres", "redis", "minio", "web", "worker", "engine"):
         assert "healthcheck" in services[name], name
     for name in ("web", "engine"):
@@ -95,7 +99,8 @@ def test_compose_runs_the_whole_topology_with_health_checks_and_volumes(compose)
         assert services[name]["command"][:3] == ["python", "manage.py", "serve"]
     assert services["web"]["environment"]["LORAPLEX_ENGINE"] == "off"
     assert services["engine"]["environment"]["LORAPLEX_ENGINE"] == "on"
-    assert services["web"]["environment"]["LORAPLEX_ENGINE_URLS"] == "http://engine:8000"
+    for name in ("web", "worker"):  # pins, the Engines page and scoring reach every replica
+        assert services[name]["environment"]["LORAPLEX_ENGINE_URLS"] == "dns+http://engine:8000"
     assert services["worker"]["command"][:5] == ["celery", "-A", "platform_site", "worker", "-B"]
     for name in ("web", "worker", "engine"):
         assert services[name]["depends_on"]["init"]["condition"] == "service_completed_successfully"
@@ -106,9 +111,49 @@ def test_compose_runs_the_whole_topology_with_health_checks_and_volumes(compose)
         "models",
         "adapter-cache",
     }
-    shares = {v.split(":")[0] for v in services["engine"]["volumes"]}
-    assert shares == {"models", "adapter-cache"}  # what init imports and the worker stages
     assert "driver: nvidia" in COMPOSE.read_text()  # the GPU reservation, commented for CPU hosts
+
+
+def test_compose_runs_engine_replicas_with_their_own_caches_behind_the_router(compose):
+    """Each replica stages adapters to its own disk (the shared volume is the worker's), and
+    only the router is published; it runs the shipped haproxy.cfg with the variables it reads."""
+    services = compose["services"]
+    engine, router = services["engine"], services["router"]
+    assert engine["deploy"]["replicas"] == "${ENGINE_REPLICAS:-2}"
+    assert {v.split(":")[0] for v in engine["volumes"]} == {"models"}  # what init imports
+    own_cache = engine["environment"]["LORAPLEX_ADAPTER_CACHE_DIR"]
+    assert own_cache != compose["x-env"]["LORAPLEX_ADAPTER_CACHE_DIR"]
+    assert not any(v.split(":")[1] == own_cache for v in engine["volumes"])
+    assert "adapter-cache" in {v.split(":")[0] for v in services["worker"]["volumes"]}
+    assert "ports" not in engine
+    assert router["ports"] == ["${ENGINE_PORT:-8001}:8000"]
+    assert router["image"].startswith("haproxy:")
+    assert router["volumes"] == ["./haproxy.cfg:/usr/local/etc/haproxy/haproxy.cfg:ro"]
+    text = HAPROXY.read_text()
+    for variable in router["environment"]:
+        assert "${" + variable + "}" in text, variable
+    assert router["environment"]["HAPROXY_BIND"].endswith(":8000")
+    assert "server-template engine " in text and " engine:8000 " in text
+    # the grace period covers uvicorn's drain and the engine's shutdown (serve.py)
+    drain = int(env_example()["LORAPLEX_DRAIN_SECONDS"])
+    assert int(engine["stop_grace_period"].removesuffix("s")) >= 2 * drain + 5
+
+
+def test_the_router_config_passes_haproxy_check(compose, tmp_path):
+    """`haproxy -c` on the shipped file with compose's variables (Debian's haproxy, the
+    version of compose's image: 2.6)."""
+    binary = shutil.which("haproxy")
+    if binary is None:
+        if os.environ.get("LORAPLEX_REQUIRE_SERVICES") == "1":
+            pytest.fail("haproxy is not installed (.ci/run installs Debian's package)")
+        pytest.skip("haproxy is not installed (Debian: apt-get install haproxy)")
+    env = {**os.environ, **compose["services"]["router"]["environment"]}
+    env["HAPROXY_SOCKET"] = str(tmp_path / "haproxy.sock")
+    done = subprocess.run(
+        [binary, "-c", "-f", str(HAPROXY)], env=env, capture_output=True, text=True, timeout=30
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Configuration file is valid" in done.stdout + done.stderr
 
 
 def test_the_commands_in_docker_files_exist():

@@ -39,7 +39,7 @@ SETUP = textwrap.dedent(
     from tenants.services import api_key_create, tenant_create
 
     base_dir, adapter_dir = Path(sys.argv[1]), Path(sys.argv[2])
-    base_model_import(name="tiny-pg", path=base_dir, serve=True)
+    base_model_import(name="tiny-pg", path=base_dir, default=True)
     tenant = tenant_create(slug="pg-a")
     _, key = api_key_create(tenant=tenant, name="pg", scopes=["inference", "registry:read"])
     adapter = adapter_create(tenant=tenant, name="pirate", actor="test")

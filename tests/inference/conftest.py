@@ -66,15 +66,27 @@ def stop_server(proc: subprocess.Popen):
         proc.kill()
 
 
+def drop_live_rows(tenants: list[str], base, *, previously_default: list[int]) -> None:
+    """Undo a live-server fixture's committed rows: its tenants (aliases first: they PROTECT
+    versions), its base model, and the default flag where it was before."""
+    from registry.models import Adapter, Alias, BaseModel
+    from tenants.models import Tenant
+
+    Alias.objects.filter(adapter__tenant__slug__in=tenants).delete()
+    Adapter.objects.filter(tenant__slug__in=tenants).delete()
+    Tenant.objects.filter(slug__in=tenants).delete()
+    base.delete()
+    BaseModel.objects.filter(pk__in=previously_default).update(is_default=True)
+
+
 @pytest.fixture(scope="module")
 def serve_data(django_db_setup, django_db_blocker, tmp_path_factory):
     """Rows the server reads: two tenants with keys, the tiny base model, one ready adapter."""
-    from registry.models import Adapter, Alias, BaseModel
+    from registry.models import BaseModel
     from registry.services.adapters import adapter_create
     from registry.services.aliases import alias_set
     from registry.services.base_models import base_model_import
     from registry.services.versions import adapter_version_create, adapter_version_validate
-    from tenants.models import Tenant
     from tenants.services import api_key_create, tenant_create
 
     tmp = tmp_path_factory.mktemp("serve")
@@ -90,9 +102,9 @@ def serve_data(django_db_setup, django_db_blocker, tmp_path_factory):
     )
     with django_db_blocker.unblock():
         previously_served = list(
-            BaseModel.objects.filter(is_served=True).values_list("pk", flat=True)
+            BaseModel.objects.filter(is_default=True).values_list("pk", flat=True)
         )
-        base, _ = base_model_import(name=BASE_NAME, path=base_dir, serve=True)
+        base, _ = base_model_import(name=BASE_NAME, path=base_dir, default=True)
         tenant_a = tenant_create(slug="serve-a", name="Serve A")
         tenant_b = tenant_create(slug="serve-b", name="Serve B")
         _, key_a = api_key_create(
@@ -123,13 +135,7 @@ def serve_data(django_db_setup, django_db_blocker, tmp_path_factory):
     }
     yield data
     with django_db_blocker.unblock():
-        Alias.objects.filter(
-            adapter__tenant__slug__in=["serve-a", "serve-b"]
-        ).delete()  # PROTECTs versions
-        Adapter.objects.filter(tenant__slug__in=["serve-a", "serve-b"]).delete()
-        Tenant.objects.filter(slug__in=["serve-a", "serve-b"]).delete()
-        base.delete()
-        BaseModel.objects.filter(pk__in=previously_served).update(is_served=True)
+        drop_live_rows(["serve-a", "serve-b"], base, previously_default=previously_served)
 
 
 @pytest.fixture(scope="module")

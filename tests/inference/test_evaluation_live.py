@@ -55,7 +55,7 @@ def gate(tmp_path, settings):
     base_dir = make_tiny_llama(tmp_path / "base")
     rows = task_rows()
     adapter_dir = train_adapter(base_dir, tmp_path / "adapter", base_model_name=NAME)
-    base, _ = base_model_import(name=NAME, path=base_dir, serve=True)
+    base, _ = base_model_import(name=NAME, path=base_dir, default=True)
     tenant = tenant_create(slug="gated", name="Gated")
     _, key = api_key_create(
         tenant=tenant, name="all", scopes=["inference", "registry:read", "registry:write"]

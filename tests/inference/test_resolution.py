@@ -2,6 +2,7 @@
 
 import pytest
 
+from inference.errors import BaseModelUnavailable
 from inference.resolution import ModelNotFound, ModelNotServable, resolve_model
 from registry.services.adapters import adapter_create
 from registry.services.aliases import alias_set
@@ -34,7 +35,7 @@ def bot(db, folders, tenant_a, settings, tmp_path):
         },
     }
     base_dir, adapters = folders
-    base_model_import(name=BASE, path=base_dir, serve=True)
+    base_model_import(name=BASE, path=base_dir, default=True)
     adapter = adapter_create(tenant=tenant_a, name="bot", actor="test")
     for folder in adapters:
         with (
@@ -96,3 +97,44 @@ def test_canary_weight_20_takes_about_a_fifth_of_the_traffic(bot, tenant_a):
     assert (
         resolve(tenant_a, "bot@production").version.number == 1
     )  # explicit names ignore the canary
+
+
+@pytest.fixture
+def other_base(bot, folders, tenant_a):
+    """A second base model, not this replica's, and tenant A's adapter `elsewhere` on it
+    with a ready version."""
+    base_dir, adapters = folders
+    other, _ = base_model_import(name="tiny-other", path=base_dir, default=False)
+    adapter = adapter_create(
+        tenant=tenant_a, name="elsewhere", actor="test", base_model_name="tiny-other"
+    )
+    with (
+        open(adapters[0] / "adapter_config.json", "rb") as c,
+        open(adapters[0] / "adapter_model.safetensors", "rb") as w,
+    ):
+        version, _ = adapter_version_create(adapter=adapter, config=c, weights=w, actor="test")
+    assert adapter_version_validate(version_id=version.pk).status == "ready"
+    return other
+
+
+def test_another_base_models_name_answers_that_it_is_served_elsewhere(other_base, tenant_a):
+    with pytest.raises(BaseModelUnavailable) as refused:
+        resolve(tenant_a, "tiny-other")
+    assert refused.value.status == 503
+    assert "base model 'tiny-other'" in refused.value.message
+    assert f"it serves '{BASE}'" in refused.value.message
+
+
+def test_an_adapter_of_another_base_model_answers_503_naming_it(other_base, tenant_a):
+    for name in ("elsewhere", "elsewhere:1", "elsewhere@latest"):
+        with pytest.raises(BaseModelUnavailable) as refused:
+            resolve(tenant_a, name)
+        assert f"'{name}' runs on base model 'tiny-other'" in refused.value.message
+        assert refused.value.param == "model"
+
+
+def test_a_replica_of_the_other_base_model_serves_it(other_base, tenant_a):
+    resolved = resolve_model(tenant=tenant_a, name="elsewhere", base_model_name="tiny-other")
+    assert resolved.version.adapter.base_model == other_base
+    with pytest.raises(BaseModelUnavailable, match="runs on base model 'tiny-resolve'"):
+        resolve_model(tenant=tenant_a, name="bot", base_model_name="tiny-other")

@@ -211,7 +211,7 @@ def s3_worker(s3, live_worker):
 
 @pytest.fixture
 def base_model(db, tiny_base_dir):
-    return base_model_import(name=BASE_NAME, path=tiny_base_dir, serve=True)[0]
+    return base_model_import(name=BASE_NAME, path=tiny_base_dir, default=True)[0]
 
 
 @pytest.fixture
@@ -321,7 +321,7 @@ class FakeScorer:
         if self.error is not None:
             raise self.error
         ppl = self.adapter_ppl.get(str(version_uid), self.default_ppl)
-        revision = self.revision or BaseModel.objects.get(is_served=True).revision
+        revision = self.revision or BaseModel.objects.get(is_default=True).revision
         tokens = 4
         per_row = [
             {

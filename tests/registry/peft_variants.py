@@ -51,5 +51,5 @@ def make_variant(base_dir: Path, out_dir: Path, family: str, variant: str) -> Pa
 def import_family(family: str, folder: Path) -> str:
     """`manage.py import_base_model --hf-dir` as `tiny-<family>`, served; returns the name."""
     name = f"tiny-{family}"
-    call_command("import_base_model", "--hf-dir", str(folder), "--name", name, "--serve")
+    call_command("import_base_model", "--hf-dir", str(folder), "--name", name, "--default")
     return name

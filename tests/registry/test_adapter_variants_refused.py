@@ -72,7 +72,7 @@ def llama_adapter(tenant_a, family_base_dir):
     """An adapter of tenant A on the tiny Llama of tests/tiny_models.py (the variants' base)."""
     from registry.services.adapters import adapter_create
 
-    base, _ = base_model_import(name="tiny-llama", path=family_base_dir("llama"), serve=True)
+    base, _ = base_model_import(name="tiny-llama", path=family_base_dir("llama"), default=True)
     return adapter_create(tenant=tenant_a, name="bot", actor="test", base_model_name=base.name)
 
 

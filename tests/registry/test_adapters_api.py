@@ -17,7 +17,7 @@ def client(tenant_a, alice, user_client):
 
 def test_base_models_lists_the_served_model_with_its_fingerprint(client, base_model):
     [listed] = client.get("/api/v1/base-models/").json()
-    assert listed["name"] == BASE_NAME and listed["is_served"] is True
+    assert listed["name"] == BASE_NAME and listed["is_default"] is True
     assert len(listed["revision"]) == 64
     assert listed["fingerprint"]["num_layers"] == 2 and listed["fingerprint"]["hidden"] == 64
     assert listed["fingerprint"]["modules"]["k_proj"] == [64, 32]

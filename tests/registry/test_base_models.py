@@ -54,17 +54,19 @@ def test_the_revision_covers_config_and_every_weight_byte(tiny_base_dir, tmp_pat
 def test_the_command_imports_a_hugging_face_folder(tiny_base_dir, capsys):
     call_command("import_base_model", "--hf-dir", str(tiny_base_dir), "--name", "tiny-llama")
     row = BaseModel.objects.get()
-    assert row.is_served and row.local_path == str(tiny_base_dir.resolve())
+    assert row.is_default and row.local_path == str(tiny_base_dir.resolve())
     assert row.fingerprint["heads"] == 4 and row.fingerprint["kv_heads"] == 2
-    assert "imported, served" in capsys.readouterr().out
+    assert "imported, the default base model" in capsys.readouterr().out
     call_command(
-        "import_base_model", "--hf-dir", str(tiny_base_dir), "--name", "second", "--no-serve"
+        "import_base_model", "--hf-dir", str(tiny_base_dir), "--name", "second", "--no-default"
     )
-    assert list(BaseModel.objects.filter(is_served=True).values_list("name", flat=True)) == [
+    assert list(BaseModel.objects.filter(is_default=True).values_list("name", flat=True)) == [
         "tiny-llama"
     ]
-    call_command("import_base_model", "--hf-dir", str(tiny_base_dir), "--name", "second", "--serve")
-    assert list(BaseModel.objects.filter(is_served=True).values_list("name", flat=True)) == [
+    call_command(
+        "import_base_model", "--hf-dir", str(tiny_base_dir), "--name", "second", "--default"
+    )
+    assert list(BaseModel.objects.filter(is_default=True).values_list("name", flat=True)) == [
         "second"
     ]
 
@@ -98,7 +100,7 @@ def test_a_new_revision_is_not_served_until_rechecked_and_reevaluated(
     run_evaluations()
     alias_set(adapter=adapter, name="production", version_number=1, actor=ALICE_ACTOR)
     base, changed = base_model_import(name=BASE_NAME, path=retrained_base_dir)
-    assert changed and base.is_served
+    assert changed and base.is_default
     with pytest.raises(NotServable, match="not been checked"):
         adapter_version_resolve(tenant=tenant_a, adapter_name="support-bot")
 
@@ -148,7 +150,7 @@ def test_the_preset_command_converts_and_imports_smollm2(settings, capsys):
     settings.MODELS_DIR = folder.parent
     call_command("import_base_model", "--preset", "smollm2-135m-instruct")
     row = BaseModel.objects.get(name="smollm2-135m-instruct")
-    assert row.local_path == str(folder.resolve()) and row.is_served
+    assert row.local_path == str(folder.resolve()) and row.is_default
     assert row.fingerprint | {"modules": None} == {
         "architecture": "LlamaForCausalLM",
         "num_layers": 30,

@@ -132,7 +132,7 @@ def test_a_base_reimported_from_another_family_fails_the_recheck_naming_why(
     from registry.services.adapters import adapter_create
 
     name = "tiny-base"
-    base_model_import(name=name, path=family_base_dir(old), serve=True)
+    base_model_import(name=name, path=family_base_dir(old), default=True)
     adapter = adapter_create(tenant=tenant_a, name="bot", actor="test", base_model_name=name)
     version = make_ready_version(adapter, family_adapter_dir(old))
     row, changed = base_model_import(name=name, path=family_base_dir(new))

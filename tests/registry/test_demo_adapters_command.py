@@ -21,7 +21,7 @@ def run(*args) -> str:
 
 
 def test_seeds_each_demo_adapter_ready_in_production_and_is_idempotent():
-    base_model_import(name=BASE_PRESET, path=smollm2_dir(), serve=True)
+    base_model_import(name=BASE_PRESET, path=smollm2_dir(), default=True)
     run("bootstrap_demo")
     first = run("demo_adapters")
     second = run("demo_adapters")  # make run calls it at every start

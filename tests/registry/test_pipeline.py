@@ -7,7 +7,7 @@ from django.core.files.storage import storages
 
 from inference.engine.lora.peft_rules import ArchFingerprint, load_adapter_tensors
 from registry.models import AdapterVersion
-from registry.selectors import adapter_version_resolve, base_model_served
+from registry.selectors import adapter_version_resolve, base_model_default
 from registry.staging import ensure_staged
 from tests.registry.conftest import sha256_of, stored_objects, upload, wait_for
 
@@ -68,7 +68,7 @@ def test_upload_is_validated_staged_and_promoted_through_a_real_worker(
     ]
 
     # What the serving layer calls: the served base, the version a request names, its folder.
-    served = base_model_served()
+    served = base_model_default()
     resolved = adapter_version_resolve(tenant=tenant_a, adapter_name="support-bot")
     assert resolved.pk == row.pk
     assert ensure_staged(resolved) == folder

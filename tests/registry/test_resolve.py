@@ -5,7 +5,7 @@ from django.http import Http404
 
 from registry.errors import NotServable
 from registry.model_names import ModelRef, parse_model_name, parse_qualified_name
-from registry.selectors import adapter_version_resolve, base_model_served
+from registry.selectors import adapter_version_resolve, base_model_default
 from registry.services.aliases import alias_set
 from tests.registry.conftest import ALICE_ACTOR, make_ready_version
 
@@ -87,5 +87,5 @@ def test_a_version_that_may_not_be_served_says_why(tenant_a, adapter, versions, 
 
 
 def test_the_served_base_model_is_one_row_with_its_local_path(base_model, tiny_base_dir):
-    served = base_model_served()
+    served = base_model_default()
     assert served.name == "tiny-llama" and served.local_path == str(tiny_base_dir.resolve())

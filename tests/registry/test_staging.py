@@ -60,6 +60,30 @@ def test_a_damaged_staged_copy_is_fetched_again(adapter, good_adapter_dir):
     assert sha256_of(folder / "adapter_model.safetensors") == version.weights_sha256
 
 
+def test_a_copy_a_concurrent_stager_put_in_place_is_never_replaced(
+    adapter, good_adapter_dir, monkeypatch
+):
+    """The prefetcher and the engine's loader can stage one version at once: the one that
+    finishes second keeps the first one's folder, which its caller may be reading now."""
+    from registry import staging
+
+    version = make_ready_version(adapter, good_adapter_dir)
+    real_download = staging.download_version
+    first: list[int] = []
+
+    def download_while_another_finishes(v, tmp):
+        if not first:  # the other stager completes while this one downloads
+            monkeypatch.setattr(staging, "download_version", real_download)
+            first.append(ensure_staged(v).stat().st_ino)
+        return real_download(v, tmp)
+
+    monkeypatch.setattr(staging, "download_version", download_while_another_finishes)
+    folder = ensure_staged(version)
+    assert folder.stat().st_ino == first[0]  # the same folder, not a replacement
+    assert sha256_of(folder / "adapter_model.safetensors") == version.weights_sha256
+    assert [p.name for p in folder.parent.iterdir()] == [folder.name]  # no temp leftovers
+
+
 def test_the_cache_evicts_least_recently_used_unpinned_versions(adapter, adapter_dirs, settings):
     versions = [make_ready_version(adapter, d) for d in adapter_dirs]
     folders = [ensure_staged(v) for v in versions[:2]]

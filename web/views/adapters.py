@@ -34,7 +34,7 @@ def _list_page(request, form, status=200):
     context = {
         "rows": adapter_rows(tenant=tenant),
         "form": form,
-        "base_model": selectors.base_model_served(),
+        "base_model": selectors.base_model_default(),
     }
     return render_page(request, "web/adapters/list.html", context, status=status)
 

@@ -40,6 +40,7 @@ from .extras import (
     extras_views,
 )
 from .peft_rules import HEAD_LAYER, TARGET_MODULES, AdapterError, AdapterSpec, AdapterTensors
+from .sharding import FactorSharder, refuse_extras_when_sharded, sharders
 
 # An adapter's factors: (layer, module) -> (A [r, in], B [out, r])
 Factors = dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]
@@ -107,6 +108,11 @@ class LoRASlots:
         )
         self.backend = select_backend(self.device)
         self.base = _base_view(model, targets)
+        # tensor parallelism: each target's factors cut to this rank's shard (empty: whole)
+        self.sharders: dict[tuple[int, str], FactorSharder] = sharders(targets)
+        # rank 0 of a tensor-parallel engine: the slot writes (adapter) and clears (None)
+        # since the last step, for the other ranks to repeat (see parallel/workers.py)
+        self.journal: list[tuple[int, HostAdapter | None]] | None = None
         self.linear_lora: dict[tuple[int, str], LinearLoRA] = {}
         check = make_lora_batch(torch.tensor([0]), device=self.device, backend=self.backend)
         for layer, name, linear, modules in targets:
@@ -146,9 +152,13 @@ class LoRASlots:
         """An adapter as it will sit in a slot: its layer factors {(layer, module): (A, B)}
         as one row (zero-padded to max_lora_rank, zeros for modules it does not adapt,
         serving dtype), and its extras. Runs on a loader thread; reads the base weights."""
+        if self.sharders:
+            refuse_extras_when_sharded(tensors)
         row = torch.zeros(self.slot_numel, dtype=self.dtype, pin_memory=pin)
         rank = self.max_rank
         for key, (a, b) in tensors.factors.items():
+            if self.sharders:
+                a, b = self.sharders[key](a, b)
             a_off, b_off, fan_in, fan_out = self.offsets[key]
             r = a.shape[0]
             ratio = tensors.scales[key] / spec.scale  # 1 unless a pattern set this module's
@@ -179,6 +189,8 @@ class LoRASlots:
         """Copy an adapter into a slot; on CUDA the copies are queued on the current stream (the
         forward that reads them comes later on the same stream), so the host need not wait.
         Room for its extras must have been checked (`fits_extras`)."""
+        if self.journal is not None:
+            self.journal.append((slot, adapter))
         self.weights[slot].copy_(adapter.weights, non_blocking=True)
         self.scales[slot] = adapter.spec.scale
         if adapter.extras is not None:
@@ -191,6 +203,8 @@ class LoRASlots:
             self._attach(slot, adapter.extras, extras_views(self.arena.data, start, adapter.extras))
 
     def clear(self, slot: int) -> None:
+        if self.journal is not None:
+            self.journal.append((slot, None))
         self.scales[slot] = 0.0  # a stale slot contributes nothing even if named by mistake
         start = self.extras_at.pop(slot, None)
         if start is None:

@@ -13,6 +13,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import ModelConfig
+from ..parallel.layers import (
+    ColumnParallelLinear,
+    ParallelLMHead,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+)
+from ..parallel.plan import ShardPlan
 from .attention import Attention
 from .layers import Linear, VocabEmbedding
 from .norm import RMSNorm
@@ -29,12 +36,22 @@ PACKED_MODULES = {
 
 
 class SelfAttention(nn.Module):
-    def __init__(self, mc: ModelConfig, layer: int):
+    def __init__(self, mc: ModelConfig, layer: int, plan: ShardPlan | None = None):
         super().__init__()
         self.head_dim = mc.head_dim
         q_size, kv_size = mc.num_heads * mc.head_dim, mc.num_kv_heads * mc.head_dim
-        self.qkv_proj = Linear(mc.hidden_size, [q_size, kv_size, kv_size], bias=mc.qkv_bias)
-        self.o_proj = Linear(q_size, [mc.hidden_size], bias=mc.o_bias)
+        if plan is None:
+            self.qkv_proj = Linear(mc.hidden_size, [q_size, kv_size, kv_size], bias=mc.qkv_bias)
+            self.o_proj = Linear(q_size, [mc.hidden_size], bias=mc.o_bias)
+        else:  # mc is this rank's shape (plan.local_config())
+            full = plan.full
+            full_sizes = [full.num_heads * mc.head_dim] + [full.num_kv_heads * mc.head_dim] * 2
+            self.qkv_proj = ColumnParallelLinear(
+                mc.hidden_size, full_sizes, plan.qkv_rows(), bias=mc.qkv_bias
+            )
+            self.o_proj = RowParallelLinear(
+                plan.o_columns(), mc.hidden_size, bias=mc.o_bias, rank=plan.rank
+            )
         self.q_norm = self.k_norm = None
         if mc.qk_norm:
             self.q_norm = RMSNorm(mc.head_dim, mc.rms_norm_eps, mc.norm_offset)
@@ -71,11 +88,20 @@ class SelfAttention(nn.Module):
 class GatedMLP(nn.Module):
     """down(act(gate) * up): SwiGLU, or GeGLU (tanh GELU) for Gemma."""
 
-    def __init__(self, mc: ModelConfig):
+    def __init__(self, mc: ModelConfig, plan: ShardPlan | None = None):
         super().__init__()
         size = mc.intermediate_size
-        self.gate_up_proj = Linear(mc.hidden_size, [size, size], bias=mc.mlp_bias)
-        self.down_proj = Linear(size, [mc.hidden_size], bias=mc.mlp_bias)
+        if plan is None:
+            self.gate_up_proj = Linear(mc.hidden_size, [size, size], bias=mc.mlp_bias)
+            self.down_proj = Linear(size, [mc.hidden_size], bias=mc.mlp_bias)
+        else:
+            full = [plan.full.intermediate_size] * 2
+            self.gate_up_proj = ColumnParallelLinear(
+                mc.hidden_size, full, plan.gate_up_rows(), bias=mc.mlp_bias
+            )
+            self.down_proj = RowParallelLinear(
+                plan.down_columns(), mc.hidden_size, bias=mc.mlp_bias, rank=plan.rank
+            )
         self.gelu = mc.hidden_act == "gelu_pytorch_tanh"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -89,10 +115,10 @@ class DecoderLayer(nn.Module):
     """Pre-norm attention and MLP; with `sandwich_norms` (Gemma) each sublayer's output is
     normalised too before it joins the residual stream."""
 
-    def __init__(self, mc: ModelConfig, layer: int):
+    def __init__(self, mc: ModelConfig, layer: int, plan: ShardPlan | None = None):
         super().__init__()
-        self.self_attn = SelfAttention(mc, layer)
-        self.mlp = GatedMLP(mc)
+        self.self_attn = SelfAttention(mc, layer, plan)
+        self.mlp = GatedMLP(mc, plan)
         eps, offset = mc.rms_norm_eps, mc.norm_offset
         self.input_layernorm = RMSNorm(mc.hidden_size, eps, offset)
         self.post_attention_layernorm = RMSNorm(mc.hidden_size, eps, offset)
@@ -119,15 +145,19 @@ class DecoderLayer(nn.Module):
 
 
 class DecoderModel(nn.Module):
-    def __init__(self, mc: ModelConfig, max_positions: int):
+    def __init__(self, mc: ModelConfig, max_positions: int, plan: ShardPlan | None = None):
         super().__init__()
-        self.embed_tokens = VocabEmbedding(mc.vocab_size, mc.hidden_size)
+        self.embed_tokens = (
+            VocabEmbedding(mc.vocab_size, mc.hidden_size)
+            if plan is None
+            else VocabParallelEmbedding(plan.vocab_rows(), plan.vocab_per_rank, mc.hidden_size)
+        )
         self.embed_scale = mc.embed_scale
         self.rotary = RotaryEmbedding(mc.rotary_dim, max_positions, mc.rope_theta, mc.rope_scaling)
         self.local_rotary = None  # Gemma 3's sliding layers turn at their own base frequency
         if mc.local_rope is not None:
             self.local_rotary = RotaryEmbedding(mc.rotary_dim, max_positions, *mc.local_rope)
-        self.layers = nn.ModuleList(DecoderLayer(mc, i) for i in range(mc.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(mc, i, plan) for i in range(mc.num_layers))
         self.sliding = [window is not None for window in mc.layer_windows]
         self.norm = RMSNorm(mc.hidden_size, mc.rms_norm_eps, mc.norm_offset)
 
@@ -145,11 +175,21 @@ class DecoderModel(nn.Module):
 
 
 class CausalLM(nn.Module):
-    def __init__(self, mc: ModelConfig, max_positions: int):
+    """With a ShardPlan, this rank's shard of the model (tensor parallelism, parallel/):
+    `mc` stays the whole model's shape; the plan gives each layer its part."""
+
+    def __init__(self, mc: ModelConfig, max_positions: int, plan: ShardPlan | None = None):
         super().__init__()
         self.config = mc
-        self.model = DecoderModel(mc, max_positions)
-        self.lm_head = Linear(mc.hidden_size, [mc.vocab_size])
+        local = mc if plan is None else plan.local_config()
+        self.model = DecoderModel(local, max_positions, plan)
+        self.lm_head = (
+            Linear(mc.hidden_size, [mc.vocab_size])
+            if plan is None
+            else ParallelLMHead(
+                mc.hidden_size, plan.vocab_rows(), plan.vocab_per_rank, mc.vocab_size
+            )
+        )
         if mc.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 

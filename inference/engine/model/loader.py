@@ -88,6 +88,9 @@ def _copy(
     name, shard = target
     dest = params[name].data
     module = modules[name.rsplit(".", 1)[0]]
+    take_shard = getattr(module, "take_shard", None)  # tensor parallelism: this rank's part
+    if take_shard is not None:
+        tensor = take_shard(tensor, shard)
     if shard is not None and isinstance(module, Linear) and len(module.output_sizes) > 1:
         dest = dest[module.output_slice(shard)]
     if tuple(tensor.shape) != tuple(dest.shape):

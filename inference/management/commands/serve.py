@@ -22,6 +22,7 @@ from django.core.management.base import BaseCommand, CommandError
 from inference import usage
 from inference.engine_host import HOST, EngineUnavailable, host_engine_in_this_process
 from inference.pinning import pin_configured_adapters
+from inference.prefetch import start_prefetcher
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +58,7 @@ class Command(BaseCommand):
             except EngineUnavailable as exc:
                 raise CommandError(str(exc)) from None
             pin_configured_adapters(HOST)
+            start_prefetcher(HOST.model.name)  # this replica's disk follows promotions
             self.stdout.write(f"Engine ready: {HOST.model.name} ({HOST.model.revision[:12]})")
         else:
             self.stdout.write("Engine off (LORAPLEX_ENGINE=off): control plane only.")

@@ -4,7 +4,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from registry.demo import DEMO_ADAPTERS
 from registry.models import Adapter
-from registry.selectors import base_model_served
+from registry.selectors import base_model_default
 from registry.services.adapters import adapter_create, adapter_update
 from registry.services.aliases import alias_set
 from registry.services.versions import adapter_version_create, adapter_version_validate
@@ -24,7 +24,7 @@ class Command(BaseCommand):
 
     def handle(self, tenant, **options):
         owner = Tenant.objects.filter(slug=tenant).first()
-        if owner is None or base_model_served() is None:
+        if owner is None or base_model_default() is None:
             raise CommandError("Run bootstrap_demo and import_base_model first.")
         for demo in DEMO_ADAPTERS:
             adapter = Adapter.objects.filter(tenant=owner, name=demo.name).first()

@@ -28,11 +28,13 @@ class Command(BaseCommand):
             f"{', '.join(FAMILIES)}",
         )
         parser.add_argument("--name", help="required with --hf-dir; default: the preset's name")
-        serve = parser.add_mutually_exclusive_group()
-        serve.add_argument("--serve", dest="serve", action="store_true", default=None)
-        serve.add_argument("--no-serve", dest="serve", action="store_false")
+        # The default base model: adapters created without naming one go on it, and `serve`
+        # runs it unless LORAPLEX_BASE_MODEL names another. The first import becomes it.
+        default = parser.add_mutually_exclusive_group()
+        default.add_argument("--default", dest="default", action="store_true", default=None)
+        default.add_argument("--no-default", dest="default", action="store_false")
 
-    def handle(self, preset, hf_dir, name, serve, **options):
+    def handle(self, preset, hf_dir, name, default, **options):
         name = name or preset
         if name is None:
             raise CommandError("--name is required with --hf-dir")
@@ -52,11 +54,11 @@ class Command(BaseCommand):
             if not folder.is_dir():
                 raise CommandError(f"--hf-dir {folder} is not a folder")
         try:
-            row, changed = base_model_import(name=name, path=folder, serve=serve)
+            row, changed = base_model_import(name=name, path=folder, default=default)
         except RegistryError as exc:
             raise CommandError(exc.message) from None
         state = "new revision; compatibility re-check queued" if changed else "imported"
-        served = "served" if row.is_served else "not served"
+        role = "the default base model" if row.is_default else "not the default"
         self.stdout.write(
-            f"{row.name} revision {row.revision[:12]} at {row.local_path}: {state}, {served}"
+            f"{row.name} revision {row.revision[:12]} at {row.local_path}: {state}, {role}"
         )

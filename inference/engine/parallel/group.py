@@ -1,0 +1,72 @@
+"""The tensor-parallel group: one process group per engine, and the three collectives the
+sharded layers use. Every collective has the group's timeout, so a rank that stops
+answering fails the step instead of hanging it."""
+
+import datetime
+import math
+import os
+import socket
+
+import torch
+import torch.distributed as dist
+
+from ..errors import ConfigError
+
+TIMEOUT_ENV = "LORAPLEX_TP_TIMEOUT_SECONDS"
+DEFAULT_TIMEOUT_SECONDS = 120.0
+
+
+def timeout_seconds() -> float:
+    """How long the group's start and each collective wait for a silent rank (read from the
+    environment, which the worker processes inherit)."""
+    raw = os.environ.get(TIMEOUT_ENV)
+    if raw is None:
+        return DEFAULT_TIMEOUT_SECONDS
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise ConfigError(f"{TIMEOUT_ENV} must be a positive number of seconds, got {raw!r}")
+    return value
+
+
+def free_address() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
+
+
+def join_group(address: str, rank: int, size: int, device: torch.device) -> None:
+    """Join the group: gloo on CPU, NCCL on CUDA (one device per rank)."""
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(
+        backend,
+        init_method=address,
+        rank=rank,
+        world_size=size,
+        timeout=datetime.timedelta(seconds=timeout_seconds()),
+    )
+
+
+def leave_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def all_reduce(x: torch.Tensor) -> torch.Tensor:
+    dist.all_reduce(x)
+    return x
+
+
+def all_gather_last(x: torch.Tensor) -> torch.Tensor:
+    """Every rank's `x` side by side along the last dimension, in rank order."""
+    parts = [torch.empty_like(x) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, x.contiguous())
+    return torch.cat(parts, dim=-1)
+
+
+def min_over_ranks(value: int, device: torch.device) -> int:
+    t = torch.tensor([value], dtype=torch.int64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return int(t.item())

@@ -1,0 +1,277 @@
+"""Ranks 1..N-1 of a tensor-parallel engine, and rank 0's side of them.
+
+Rank 0 (the engine's process: scheduler, sampler, LoRA manager) starts one process per
+other rank and sends each step's inputs down a pipe before running the step itself; every
+rank then runs the same forward, meeting at the sharded layers' collectives. A worker
+repeats rank 0's slot writes with its own copy of each adapter (read from the same folder
+once, kept in its own host cache), so each rank loads an adapter once and holds its shard.
+
+Nothing hangs on a lost rank: a watchdog thread in rank 0 notices a worker that exited and
+fails the engine (its requests end with RankFailedError, readiness turns false); a
+collective with a silent rank fails after the group's timeout (group.py); a worker whose
+rank 0 went away sees its pipe close and exits.
+"""
+
+import contextlib
+import copy
+import dataclasses
+import json
+import logging
+import multiprocessing
+import os
+import pickle
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..config import EngineConfig
+from ..errors import ConfigError
+from ..model.context import ForwardContext, PagedStep
+from ..request import LoRARequest
+from .group import free_address, join_group, leave_group
+
+if TYPE_CHECKING:
+    from ..lora.slots import HostAdapter, LoRASlots
+
+logger = logging.getLogger(__name__)
+
+WATCH_INTERVAL_SECONDS = 0.2
+STOP_TIMEOUT_SECONDS = 10.0
+# a collective fails as soon as a dead peer's sockets close, a moment before its exit can be
+# seen: how long a failed step waits for that, to name the rank
+EXIT_GRACE_SECONDS = 1.0
+
+# a slot write: (slot, (the adapter's request, its folder)), or (slot, None): cleared
+SlotWrite = tuple[int, tuple[LoRARequest, str] | None]
+
+
+class RankFailedError(RuntimeError):
+    """A rank of the tensor-parallel group died or stopped answering: the engine cannot run
+    another step."""
+
+
+@dataclass
+class StepInputs:
+    """What every rank needs to run rank 0's step: the fed tokens, the batch's context (on
+    the CPU, without its LoRA fields, which each rank builds), the rows whose logits are
+    computed, each token's adapter slot, and the slot writes since the last step."""
+
+    input_ids: list[int]
+    positions: list[int]
+    rows: list[int]
+    lora_slots: list[int]
+    ctx: ForwardContext
+    writes: list[SlotWrite]
+
+
+def process_name(rank: int) -> str:
+    """A worker's name, in multiprocessing and to the OS (`ps -o comm`, which keeps 15
+    characters), so that an operator can tell the ranks apart."""
+    return f"loraplex-tp-{rank}"
+
+
+def device_for(config: EngineConfig, rank: int) -> torch.device:
+    device = torch.device(config.device)
+    return torch.device("cuda", rank) if device.type == "cuda" else device
+
+
+def move_context(ctx: ForwardContext, device: torch.device) -> ForwardContext:
+    """The context with every tensor on `device` (LoRA fields dropped)."""
+    moved = {f.name: _move(getattr(ctx, f.name), device) for f in dataclasses.fields(ctx)}
+    moved.update(lora=None, lora_head=None, window_masks={})
+    return ForwardContext(**moved)
+
+
+def _move(value: Any, device: torch.device) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, list):
+        return [_move(v, device) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_move(v, device) for v in value)
+    if isinstance(value, PagedStep):
+        return dataclasses.replace(
+            value,
+            **{f.name: _move(getattr(value, f.name), device) for f in dataclasses.fields(value)},
+        )
+    return value
+
+
+class Workers:
+    """Rank 0's handle on the other ranks: started and joined to the group on creation."""
+
+    def __init__(self, config: EngineConfig):
+        if torch.distributed.is_initialized():
+            raise ConfigError(
+                "this process already hosts a tensor-parallel engine (or another "
+                "torch.distributed group); a process runs one tensor-parallel engine at a "
+                "time: close the other first"
+            )
+        size = config.tensor_parallel_size
+        address = free_address()
+        context = multiprocessing.get_context("spawn")  # CUDA and threads forbid fork
+        self.pipes: list[Connection] = []
+        self.processes: list[multiprocessing.process.BaseProcess] = []
+        for rank in range(1, size):
+            ours, theirs = context.Pipe()
+            process = context.Process(
+                target=worker_main,
+                args=(config, rank, address, theirs),
+                name=process_name(rank),
+                daemon=True,
+            )
+            process.start()
+            theirs.close()
+            self.pipes.append(ours)
+            self.processes.append(process)
+        self.failure: RankFailedError | None = None
+        self.on_failure: Callable[[], None] | None = None  # the engine's wakeup
+        self._closing = threading.Event()
+        self._watchdog = threading.Thread(
+            target=self._watch, name="loraplex-tp-watchdog", daemon=True
+        )
+        self._watchdog.start()
+        try:
+            join_group(address, 0, size, device_for(config, 0))
+        except Exception:
+            self.close()
+            raise
+
+    def check(self) -> None:
+        if self.failure is not None:
+            raise self.failure
+
+    def send(self, inputs: StepInputs) -> None:
+        self.check()
+        data = pickle.dumps(inputs, protocol=pickle.HIGHEST_PROTOCOL)
+        for rank, pipe in enumerate(self.pipes, start=1):
+            try:
+                pipe.send_bytes(data)
+            except OSError as e:
+                raise self.failed(f"rank {rank} cannot be reached ({e})") from e
+
+    def failed(self, cause: str) -> RankFailedError:
+        """The error for a step that failed with `cause` (a collective's error, a closed
+        pipe): the dead rank's when one exited."""
+        deadline = time.monotonic() + EXIT_GRACE_SECONDS
+        self._scan()
+        while self.failure is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+            self._scan()
+        if self.failure is None:
+            self.failure = RankFailedError(f"the tensor-parallel group failed: {cause}")
+        return self.failure
+
+    def _scan(self) -> None:
+        for rank, process in enumerate(self.processes, start=1):
+            if self.failure is None and not process.is_alive():
+                self.failure = RankFailedError(
+                    f"tensor-parallel rank {rank} (pid {process.pid}) exited with code "
+                    f"{process.exitcode}; the engine cannot run without it"
+                )
+
+    def _watch(self) -> None:
+        while not self._closing.wait(WATCH_INTERVAL_SECONDS):
+            if self.failure is None:
+                self._scan()
+                if self.failure is not None:
+                    logger.error("%s", self.failure)
+                    if self.on_failure is not None:
+                        self.on_failure()
+                    return
+
+    def close(self) -> None:
+        """Stop the workers (an empty message), then leave the group."""
+        self._closing.set()
+        for pipe in self.pipes:
+            with contextlib.suppress(OSError):  # a dead rank's pipe is already broken
+                pipe.send_bytes(b"")
+            pipe.close()
+        for process in self.processes:
+            process.join(STOP_TIMEOUT_SECONDS)
+            if process.is_alive():
+                process.kill()
+                process.join(STOP_TIMEOUT_SECONDS)
+        leave_group()
+
+
+class WorkerAdapters:
+    """A worker's host copies of adapters, by adapter id, least recently used evicted."""
+
+    def __init__(self, slots: "LoRASlots", config: EngineConfig):
+        from ..lora.peft_rules import fingerprint_from_config
+
+        raw = json.loads((Path(config.model) / "config.json").read_text())
+        served = {"architectures": [config.model_config.architecture]}
+        self.fingerprint = fingerprint_from_config(raw | served)
+        self.slots = slots
+        self.capacity = config.max_cpu_loras or 1
+        self.pin = slots.device.type == "cuda"
+        self.cache: OrderedDict[str, HostAdapter] = OrderedDict()
+
+    def apply(self, writes: list[SlotWrite]) -> None:
+        for slot, write in writes:
+            if write is None:
+                self.slots.clear(slot)
+            else:
+                self.slots.write(slot, self.host_copy(*write))
+
+    def host_copy(self, request: LoRARequest, path: str) -> "HostAdapter":
+        from ..lora.peft_rules import load_adapter
+        from ..lora.slots import HostAdapter
+
+        adapter = self.cache.get(request.adapter_id)
+        if adapter is None:
+            spec, tensors = load_adapter(
+                path,
+                self.fingerprint,
+                max_lora_rank=self.slots.max_rank,
+                max_saved_params=self.slots.max_saved_params,
+            )
+            row, extras = self.slots.pack(spec, tensors, pin=self.pin)
+            adapter = HostAdapter(request, spec, row, path, extras)
+            self.cache[request.adapter_id] = adapter
+            while len(self.cache) > self.capacity:
+                self.cache.popitem(last=False)
+        self.cache.move_to_end(request.adapter_id)
+        return adapter
+
+
+def worker_main(config: EngineConfig, rank: int, address: str, pipe: Connection) -> None:
+    """A worker process: join the group, build this rank's shard, then run every step rank 0
+    sends until it sends an empty message or its pipe closes."""
+    from ..model_runner import ModelRunner
+
+    with contextlib.suppress(OSError):  # Linux; elsewhere the OS keeps calling it python
+        Path("/proc/self/comm").write_text(process_name(rank))
+    config = copy.copy(config)
+    device = device_for(config, rank)
+    config.device = str(device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    join_group(address, rank, config.tensor_parallel_size, device)
+    try:
+        runner = ModelRunner(config, rank=rank)
+        adapters = WorkerAdapters(runner.lora_slots, config) if runner.lora_slots else None
+        while True:
+            try:
+                data = pipe.recv_bytes()
+            except EOFError:
+                break
+            if not data:
+                break
+            inputs: StepInputs = pickle.loads(data)
+            if inputs.writes:
+                assert adapters is not None, "slot writes reach only engines with LoRA"
+                adapters.apply(inputs.writes)
+            runner.follow(inputs)
+    finally:
+        leave_group()
+    os._exit(0)  # skip interpreter teardown: nothing of this process outlives it
