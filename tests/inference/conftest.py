@@ -43,7 +43,13 @@ def start_server(
     tmp: Path, extra_env: dict | None = None, *, args: Sequence[str] = SERVE, name: str = "serve"
 ) -> tuple[str, subprocess.Popen, Path]:
     """`serve` (or `args`) on the test database with the tiny model and small budgets."""
-    env = {
+    return launch(tmp, server_env(extra_env), args=args, name=name)
+
+
+def server_env(extra_env: dict | None = None) -> dict:
+    """The environment `start_server` gives `serve`: the test database, the tiny model
+    (BASE_NAME), small budgets, then `extra_env`."""
+    return {
         **os.environ,
         "DATABASE_URL": database_url(),
         "LORAPLEX_ENGINE": "on",
@@ -55,7 +61,6 @@ def start_server(
         "LORAPLEX_DRAIN_SECONDS": "5",
         **(extra_env or {}),
     }
-    return launch(tmp, env, args=args, name=name)
 
 
 def stop_server(proc: subprocess.Popen):

@@ -22,9 +22,9 @@ import pytest
 from inference.engine.parallel.workers import process_name
 from inference.management.commands.serve import ENGINE_FAILED_EXIT_CODE
 from tests.engine.lora_fixtures import ALL_LINEAR, ATTENTION
-from tests.inference.conftest import drop_live_rows, start_server, stop_server
+from tests.inference.conftest import drop_live_rows, server_env, start_server, stop_server
 from tests.peft_adapters import make_peft_adapter
-from tests.processes import ROOT, SERVE, database_url, free_port
+from tests.processes import ROOT, SERVE, free_port
 from tests.tiny_llama import make_tiny_llama
 
 # The servers read rows committed by the module's fixture; the tests only talk HTTP to them.
@@ -152,14 +152,7 @@ def largest_difference(one: list[dict[str, float]], two: list[dict[str, float]])
 
 
 def test_serve_refuses_a_size_the_model_cannot_be_split_by(tp_data):
-    env = {
-        **os.environ,
-        "DATABASE_URL": database_url(),
-        "LORAPLEX_ENGINE": "on",
-        "LORAPLEX_BASE_MODEL": BASE_NAME,
-        "LORAPLEX_KV_CACHE_BYTES": str(8 * 1024 * 1024),
-        "LORAPLEX_TENSOR_PARALLEL_SIZE": "3",
-    }
+    env = server_env({"LORAPLEX_BASE_MODEL": BASE_NAME, "LORAPLEX_TENSOR_PARALLEL_SIZE": "3"})
     result = subprocess.run(
         [sys.executable, *SERVE, "--port", str(free_port())],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,

@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 
 from tests.faults.services import require
+from tests.inference.conftest import stop_server
 from tests.processes import ROOT, free_port
 
 SHIPPED_CONFIG = ROOT / "docker" / "haproxy.cfg"
@@ -137,9 +138,4 @@ class Router:
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+            stop_server(self.proc)
