@@ -172,19 +172,24 @@ def evict(*, keep: AbstractSet[str] = frozenset(), budget: int | None = None) ->
         return []
     now, entries = time.time(), []
     for entry in root.iterdir():
-        if entry.name.startswith("."):
-            if entry.stat().st_mtime < now - STALE_TEMP_SECONDS:  # a crashed stager's leftovers
-                shutil.rmtree(entry, ignore_errors=True)
+        # Other stagers (the worker, a replica's prefetcher, the engine's loader) rename and
+        # remove entries meanwhile: one gone since the listing is simply skipped.
+        try:
+            mtime = entry.stat().st_mtime
+            if entry.name.startswith("."):
+                if mtime < now - STALE_TEMP_SECONDS:  # a crashed stager's leftovers
+                    shutil.rmtree(entry, ignore_errors=True)
+            elif entry.is_dir():
+                entries.append((mtime, entry, _folder_size(entry)))
+        except FileNotFoundError:
             continue
-        if entry.is_dir():
-            entries.append((entry.stat().st_mtime, entry))
-    sizes = {folder: _folder_size(folder) for _, folder in entries}
+    sizes = {folder: size for _, folder, size in entries}
     total = sum(sizes.values())
     if total <= budget:
         return []
     protected = set(keep) | pinned_uids()
     evicted = []
-    for _, folder in sorted(entries, key=lambda e: e[0]):
+    for _, folder, _ in sorted(entries, key=lambda e: e[0]):
         if total <= budget:
             break
         if folder.name in protected:

@@ -102,7 +102,7 @@ def test_upload_validate_promote_and_serve_across_processes(
         cache = tmp_path / "engine-cache"
         if settings.REDIS_URL:  # the replica heard of the promotion: staged in the background
             deadline = time.monotonic() + 60
-            while not (cache.exists() and any(cache.iterdir())):
+            while not (cache.exists() and any(not p.name.startswith(".") for p in cache.iterdir())):
                 assert time.monotonic() < deadline, "the engine replica never prefetched it"
                 time.sleep(0.2)
         else:  # no announcements without Redis: staged on the first request

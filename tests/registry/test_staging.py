@@ -84,6 +84,27 @@ def test_a_copy_a_concurrent_stager_put_in_place_is_never_replaced(
     assert [p.name for p in folder.parent.iterdir()] == [folder.name]  # no temp leftovers
 
 
+def test_eviction_skips_entries_other_stagers_removed_since_the_listing(
+    adapter, good_adapter_dir, monkeypatch
+):
+    """A concurrent stager's temp folder (or an evicted copy) can vanish between the
+    listing and its stat: the stager that evicts must not fail for it."""
+    from pathlib import Path
+
+    folder = ensure_staged(make_ready_version(adapter, good_adapter_dir))
+    root = folder.parent
+    real_iterdir = Path.iterdir
+
+    def listing_with_vanished_entries(self):
+        yield from real_iterdir(self)
+        if self == root:
+            yield root / ".gone.tmp"  # renamed into place by its stager meanwhile
+            yield root / "gone"  # evicted by another process meanwhile
+
+    monkeypatch.setattr(Path, "iterdir", listing_with_vanished_entries)
+    assert evict(budget=0) == [folder.name]
+
+
 def test_the_cache_evicts_least_recently_used_unpinned_versions(adapter, adapter_dirs, settings):
     versions = [make_ready_version(adapter, d) for d in adapter_dirs]
     folders = [ensure_staged(v) for v in versions[:2]]
