@@ -229,8 +229,9 @@ def _download(client, source: S3Location, file: str, field: str, dest: Path) -> 
                 param="source",
             ) from exc
         log.warning("import of s3://%s/%s failed: %s", source.bucket, key, exc)
-        raise StorageUnavailable(
-            f"cannot reach the source bucket ({type(exc).__name__}); try again later"
+        raise StorageUnavailable(  # the file named wherever the connection broke
+            f"fetching s3://{source.bucket}/{key} failed: cannot reach the source bucket "
+            f"({type(exc).__name__}); try again later"
         ) from exc
     body = obj["Body"]
     try:
