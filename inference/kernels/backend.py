@@ -21,7 +21,8 @@ def triton_available() -> bool:
 
 
 def select_backend(device: torch.device | str) -> str:
-    """ "triton" on CUDA when triton is installed, else "torch"; $LORAPLEX_LORA_BACKEND overrides."""
+    """ "triton" on CUDA when triton is installed, else "torch"; $LORAPLEX_LORA_BACKEND
+    overrides."""
     device = torch.device(device)
     forced = os.environ.get(ENV_VAR, "").strip().lower()
     if forced:

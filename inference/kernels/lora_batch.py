@@ -9,6 +9,7 @@ the CPU loop), so no layer ever has to synchronise with the device to read it.
 
 import functools
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -81,6 +82,21 @@ def make_lora_batch(
     passes its device here and skips a device-to-host copy. `path` and `backend` default to
     the heuristic and `select_backend`; benchmarks and tests force them.
     """
+    _check_token_slots(token_slots)
+    device = token_slots.device if device is None else torch.device(device)
+    backend = select_backend(device) if backend is None else backend
+    check_backend(backend, device)
+    if path is not None and path not in PATHS:
+        raise ValueError(f"path={path!r} is not a LoRA kernel path; use one of {PATHS}")
+    host = token_slots.detach().to("cpu", torch.int64)
+    if host.numel() and int(host.min()) < -1:
+        raise ValueError(
+            f"token slot {int(host.min())} is invalid: slots are >= 0, or -1 for no adapter"
+        )
+    return _upload(host, _segments(host), device, path, backend)
+
+
+def _check_token_slots(token_slots: object) -> None:
     if not isinstance(token_slots, torch.Tensor):
         raise ValueError(f"token_slots must be a torch.Tensor, got {type(token_slots).__name__}")
     if token_slots.dim() != 1:
@@ -93,17 +109,21 @@ def make_lora_batch(
         or token_slots.dtype == torch.bool
     ):
         raise ValueError(f"token_slots must be an integer tensor, got {token_slots.dtype}")
-    device = token_slots.device if device is None else torch.device(device)
-    backend = select_backend(device) if backend is None else backend
-    check_backend(backend, device)
-    if path is not None and path not in PATHS:
-        raise ValueError(f"path={path!r} is not a LoRA kernel path; use one of {PATHS}")
 
-    host = token_slots.detach().to("cpu", torch.int64)
-    if host.numel() and int(host.min()) < -1:
-        raise ValueError(
-            f"token slot {int(host.min())} is invalid: slots are >= 0, or -1 for no adapter"
-        )
+
+class _Segments(NamedTuple):
+    """The host-side grouping of one step's tokens, before the upload."""
+
+    active_ids: torch.Tensor  # tokens with an adapter, by slot (a stable sort)
+    starts: torch.Tensor
+    lens: torch.Tensor
+    slots: torch.Tensor
+    padded_rows: torch.Tensor
+    max_len: int
+
+
+def _segments(host: torch.Tensor) -> _Segments:
+    """One stable sort of the host slots; the -1 tokens (no adapter) sort first and drop out."""
     sorted_slots, order = torch.sort(host, stable=True)
     slots, lens = torch.unique_consecutive(sorted_slots, return_counts=True)
     num_inactive = int(lens[0]) if slots.numel() and int(slots[0]) == -1 else 0
@@ -114,14 +134,24 @@ def make_lora_batch(
     max_len = int(lens.max()) if lens.numel() else 0
     segment_of = torch.repeat_interleave(torch.arange(lens.numel()), lens)
     padded_rows = segment_of * max_len + torch.arange(active_ids.numel()) - starts[segment_of]
+    return _Segments(active_ids, starts, lens, slots, padded_rows, max_len)
 
-    # One upload for the whole table instead of one per field.
-    packed = torch.cat([host, active_ids, starts, lens, slots, padded_rows])
-    n_tok, n_act, n_seg = host.numel(), active_ids.numel(), slots.numel()
+
+def _upload(
+    host: torch.Tensor, segs: _Segments, device: torch.device, path: str | None, backend: str
+) -> LoRABatch:
+    """One upload for the whole table instead of one per field; the host keeps the segments
+    for launch grids and the CPU loop."""
+    packed = torch.cat(
+        [host, segs.active_ids, segs.starts, segs.lens, segs.slots, segs.padded_rows]
+    )
+    n_tok, n_act, n_seg = host.numel(), segs.active_ids.numel(), segs.slots.numel()
     token_dev, ids_dev, starts_dev, lens_dev, slots_dev, padded_dev = packed.to(device).split(
         [n_tok, n_act, n_seg, n_seg, n_seg, n_act]
     )
-    segments = tuple(zip(slots.tolist(), starts.tolist(), lens.tolist(), strict=True))
+    segments = tuple(
+        zip(segs.slots.tolist(), segs.starts.tolist(), segs.lens.tolist(), strict=True)
+    )
     if path is None:
         path = "sgmv" if n_act >= SGMV_MIN_MEAN_SEGMENT * max(n_seg, 1) else "bgmv"
     return LoRABatch(
@@ -133,8 +163,8 @@ def make_lora_batch(
         padded_rows=padded_dev,
         segments=segments,
         num_tokens=n_tok,
-        max_seg_len=max_len,
-        max_slot=int(slots[-1]) if n_seg else -1,
+        max_seg_len=segs.max_len,
+        max_slot=int(segs.slots[-1]) if n_seg else -1,
         path=path,
         backend=backend,
     )

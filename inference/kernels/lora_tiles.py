@@ -116,8 +116,9 @@ def default_tiles(op: str, path: str, rank: int, hidden: int, batch: int) -> Til
         # Prefill: tl.dot of a BLOCK_M x BLOCK_K slab of x (256 B rows) with A's K x R tile.
         # x is the traffic (read once per slice), so 64-token blocks and 3 stages of
         # cp.async pipelining: at most 48 KB of shared memory in the sm_90 build. Rank 64
-        # halves BLOCK_K to keep the A stages and dot operands in the same budget. A few long segments give few programs:
-        # split K for those, leaving each program at least 4 loop steps to pipeline.
+        # halves BLOCK_K to keep the A stages and dot operands in the same budget. A few
+        # long segments give few programs: split K for those, leaving each program at
+        # least 4 loop steps to pipeline.
         block_m = 64 if batch >= 64 else _clamp(_pow2_at_least(batch), 16, 64)
         block_k = 128 if block_r <= 32 else 64
         programs = max(1, batch // block_m)

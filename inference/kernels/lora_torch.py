@@ -135,7 +135,8 @@ def lora_expand(
     out: torch.Tensor,
     add: bool = True,
 ) -> None:
-    """out[t, cols_i] (+)= scales[slot] * y[i, t] @ lora_b[i][slot]^T; rows without an adapter untouched."""
+    """out[t, cols_i] (+)= scales[slot] * y[i, t] @ lora_b[i][slot]^T; rows without an
+    adapter untouched."""
     widths = [b.shape[1] for b in lora_b]
     if _use_padding(batch):
         full, g, rows, padded = _padded_layout(batch, lora_b)

@@ -1,4 +1,5 @@
-# mypy: disallow-untyped-defs=False, disallow-incomplete-defs=False, disallow-untyped-decorators=False
+# mypy: disallow-untyped-defs=False, disallow-incomplete-defs=False
+# mypy: disallow-untyped-decorators=False
 """The Triton kernels of paged attention; paged_attention.py checks the inputs, chooses the
 tiles and the split, and launches them.
 
@@ -24,11 +25,13 @@ path rounds them to); fp32 inputs use IEEE dots, to match the reference to 1e-5.
 Set TRITON_INTERPRET=1 before importing this module to run it on CPU tensors (tests only).
 
 The arguments are Triton values, typed by Triton when it compiles a kernel, so this module
-is one the type checker does not ask for annotations (the comment on line 1).
+is one the type checker does not ask for annotations (the comments on lines 1-2).
 """
 
 import triton
 import triton.language as tl
+
+from inference.kernels.triton_loads import load_tile
 
 
 @triton.jit
@@ -36,9 +39,11 @@ def _tanh(x):
     """tanh in fp32 from exp only (Triton's interpreter has no libdevice): a Taylor series
     near zero, where (1 - e^-2|x|) / (1 + e^-2|x|) would cancel, the closed form beyond."""
     x2 = x * x
-    series = x * (
-        1.0 + x2 * (-1.0 / 3 + x2 * (2.0 / 15 + x2 * (-17.0 / 315 + x2 * (62.0 / 2835 + x2 * (-1382.0 / 155925)))))
-    )  # fmt: skip
+    series = 62.0 / 2835 + x2 * (-1382.0 / 155925)  # Horner, innermost (x^11) term first
+    series = -17.0 / 315 + x2 * series
+    series = 2.0 / 15 + x2 * series
+    series = -1.0 / 3 + x2 * series
+    series = x * (1.0 + x2 * series)
     e = tl.exp(-2.0 * tl.abs(x))
     closed = (1.0 - e) / (1.0 + e)
     closed = tl.where(x < 0, -closed, closed)
@@ -98,6 +103,65 @@ def _normalised(acc, l_i):
 
 
 @triton.jit
+def _visible(keys, valid, query_pos, window, CAUSAL: tl.constexpr, SLIDING: tl.constexpr):
+    """Which of a tile's scores count. Decode's key range holds only keys its query sees;
+    extend's rows (CAUSAL) each see the keys up to their own position, within the window."""
+    visible = valid[None, :]
+    if CAUSAL:
+        visible = visible & (keys[None, :] <= query_pos[:, None])
+        if SLIDING:
+            visible = visible & (keys[None, :] > query_pos[:, None] - window)
+    return visible
+
+
+@triton.jit
+def _attend(
+    q, k_cache_ptr, v_cache_ptr, table_ptr, kvh, offs_d, mask_d, lo, hi, query_pos, window,
+    scale, softcap,
+    stride_kb, stride_kt, stride_kh, stride_kd, stride_vb, stride_vt, stride_vh, stride_vd,
+    ROWS: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    CAUSAL: tl.constexpr, SLIDING: tl.constexpr, SOFTCAP: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    """q's rows over the cached keys [lo, hi) of KV head `kvh`, one K/V tile at a time: each
+    row's running maximum, sum and unnormalised output (see _normalised)."""
+    m_i = tl.full((ROWS,), float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros((ROWS,), dtype=tl.float32)
+    acc = tl.zeros((ROWS, BLOCK_D), dtype=tl.float32)
+    for n0 in range(lo, hi, BLOCK_N):
+        keys = n0 + tl.arange(0, BLOCK_N)
+        valid = keys < hi
+        k = _kv_tile(
+            k_cache_ptr, table_ptr, keys, valid, kvh, offs_d, mask_d,
+            stride_kb, stride_kt, stride_kh, stride_kd, BLOCK_SIZE, True,
+        )  # fmt: skip
+        s = _scores(q, k, scale, softcap, SOFTCAP, PRECISION)
+        visible = _visible(keys, valid, query_pos, window, CAUSAL, SLIDING)
+        v = _kv_tile(
+            v_cache_ptr, table_ptr, keys, valid, kvh, offs_d, mask_d,
+            stride_vb, stride_vt, stride_vh, stride_vd, BLOCK_SIZE, False,
+        )  # fmt: skip
+        m_i, l_i, acc = _softmax_step(s, visible, v, m_i, l_i, acc, PRECISION)
+    return m_i, l_i, acc
+
+
+@triton.jit
+def _split_range(
+    context_len, window, split, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr,
+    SLIDING: tl.constexpr,
+):  # fmt: skip
+    """Keys [start, end) of one decode split. The query (position context_len - 1) sees keys
+    [lo, context_len); each split takes an equal share of them, whole tiles, so short
+    sequences leave the last splits empty."""
+    lo = 0
+    if SLIDING:
+        lo = tl.maximum(context_len - window, 0)
+    share = tl.cdiv(tl.cdiv(context_len - lo, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = lo + split * share
+    end = tl.minimum(start + share, context_len)
+    return start, end
+
+
+@triton.jit
 def paged_decode_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr,
     out_ptr, part_out_ptr, part_lse_ptr, scale, softcap, window,
@@ -118,37 +182,15 @@ def paged_decode_kernel(
     heads = kvh * GROUP + offs_h
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < HEAD_DIM
-    q = tl.load(
-        q_ptr + seq * stride_qs + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd,
-        mask=mask_h[:, None] & mask_d[None, :], other=0.0,
-    ).to(tl.float32)  # fmt: skip
+    q = load_tile(q_ptr + seq * stride_qs, heads, offs_d, stride_qh, stride_qd, mask_h, mask_d)
 
-    # The query (position context_len - 1) sees keys [lo, context_len); each split takes an
-    # equal share of them, whole tiles, so short sequences leave the last splits empty.
-    lo = 0
-    if SLIDING:
-        lo = tl.maximum(context_len - window, 0)
-    share = tl.cdiv(tl.cdiv(context_len - lo, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    start = lo + split * share
-    end = tl.minimum(start + share, context_len)
-
-    table_ptr = block_tables_ptr + seq * stride_bs
-    m_i = tl.full((BLOCK_H,), float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros((BLOCK_H,), dtype=tl.float32)
-    acc = tl.zeros((BLOCK_H, BLOCK_D), dtype=tl.float32)
-    for n0 in range(start, end, BLOCK_N):
-        keys = n0 + tl.arange(0, BLOCK_N)
-        valid = keys < end
-        k = _kv_tile(
-            k_cache_ptr, table_ptr, keys, valid, kvh, offs_d, mask_d,
-            stride_kb, stride_kt, stride_kh, stride_kd, BLOCK_SIZE, True,
-        )  # fmt: skip
-        s = _scores(q, k, scale, softcap, SOFTCAP, PRECISION)
-        v = _kv_tile(
-            v_cache_ptr, table_ptr, keys, valid, kvh, offs_d, mask_d,
-            stride_vb, stride_vt, stride_vh, stride_vd, BLOCK_SIZE, False,
-        )  # fmt: skip
-        m_i, l_i, acc = _softmax_step(s, valid[None, :], v, m_i, l_i, acc, PRECISION)
+    start, end = _split_range(context_len, window, split, NUM_SPLITS, BLOCK_N, SLIDING)
+    m_i, l_i, acc = _attend(
+        q, k_cache_ptr, v_cache_ptr, block_tables_ptr + seq * stride_bs, kvh, offs_d, mask_d,
+        start, end, context_len - 1, window, scale, softcap,
+        stride_kb, stride_kt, stride_kh, stride_kd, stride_vb, stride_vt, stride_vh, stride_vd,
+        BLOCK_H, BLOCK_SIZE, BLOCK_N, BLOCK_D, False, SLIDING, SOFTCAP, PRECISION,
+    )  # fmt: skip
 
     out = _normalised(acc, l_i)
     mask_hd = mask_h[:, None] & mask_d[None, :]
@@ -237,27 +279,12 @@ def paged_extend_kernel(
     lo = 0
     if SLIDING:
         lo = tl.maximum(context_start + q0 - window + 1, 0)
-
-    table_ptr = block_tables_ptr + seq * stride_bs
-    m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
-    for n0 in range(lo, hi, BLOCK_N):
-        keys = n0 + tl.arange(0, BLOCK_N)
-        valid = keys < hi
-        k = _kv_tile(
-            k_cache_ptr, table_ptr, keys, valid, kvh, offs_d, mask_d,
-            stride_kb, stride_kt, stride_kh, stride_kd, BLOCK_SIZE, True,
-        )  # fmt: skip
-        s = _scores(q, k, scale, softcap, SOFTCAP, PRECISION)
-        visible = valid[None, :] & (keys[None, :] <= query_pos[:, None])
-        if SLIDING:
-            visible = visible & (keys[None, :] > query_pos[:, None] - window)
-        v = _kv_tile(
-            v_cache_ptr, table_ptr, keys, valid, kvh, offs_d, mask_d,
-            stride_vb, stride_vt, stride_vh, stride_vd, BLOCK_SIZE, False,
-        )  # fmt: skip
-        m_i, l_i, acc = _softmax_step(s, visible, v, m_i, l_i, acc, PRECISION)
+    m_i, l_i, acc = _attend(
+        q, k_cache_ptr, v_cache_ptr, block_tables_ptr + seq * stride_bs, kvh, offs_d, mask_d,
+        lo, hi, query_pos, window, scale, softcap,
+        stride_kb, stride_kt, stride_kh, stride_kd, stride_vb, stride_vt, stride_vh, stride_vd,
+        BLOCK_M, BLOCK_SIZE, BLOCK_N, BLOCK_D, True, SLIDING, SOFTCAP, PRECISION,
+    )  # fmt: skip
 
     out_ptrs = (
         out_ptr + (q_begin + tok)[:, None] * stride_ot + heads[:, None] * stride_oh

@@ -18,6 +18,8 @@ is the one the type checker does not ask for annotations (see pyproject.toml).
 import triton
 import triton.language as tl
 
+from inference.kernels.triton_loads import load_tile
+
 
 @triton.jit
 def _slot_weights(table_ptr, ref_ptr, sl, slot, ROW: tl.constexpr):
@@ -27,12 +29,24 @@ def _slot_weights(table_ptr, ref_ptr, sl, slot, ROW: tl.constexpr):
 
 
 @triton.jit
-def _segment_tokens(sorted_ids_ptr, seg_starts_ptr, seg, seg_len, pid_m, BLOCK_M: tl.constexpr):
-    """The token ids of this program's block of segment `seg`, and which of them exist."""
+def _segment_slice(seg_lens_ptr, pid_g, N_SLICES: tl.constexpr):
+    """The segment and slice of an SGMV program's third grid index, and the segment's length
+    (a program past it returns before loading anything else)."""
+    seg, sl = pid_g // N_SLICES, pid_g % N_SLICES
+    return seg, sl, tl.load(seg_lens_ptr + seg)
+
+
+@triton.jit
+def _segment_tokens(
+    sorted_ids_ptr, seg_starts_ptr, seg_slots_ptr, seg, seg_len, pid_m, BLOCK_M: tl.constexpr
+):
+    """Segment `seg`'s adapter slot, the token ids of this program's block of it, and which
+    of them exist."""
+    slot = tl.load(seg_slots_ptr + seg)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     mask_m = offs_m < seg_len
     tok = tl.load(sorted_ids_ptr + tl.load(seg_starts_ptr + seg) + offs_m, mask=mask_m, other=0)
-    return tok, mask_m
+    return slot, tok, mask_m
 
 
 @triton.jit
@@ -61,12 +75,12 @@ def sgmv_shrink_kernel(
     BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     pid_m, pid_k, pid_g = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    seg, sl = pid_g // N_SLICES, pid_g % N_SLICES
-    seg_len = tl.load(seg_lens_ptr + seg)
+    seg, sl, seg_len = _segment_slice(seg_lens_ptr, pid_g, N_SLICES)
     if pid_m * BLOCK_M >= seg_len:
         return
-    slot = tl.load(seg_slots_ptr + seg)
-    tok, mask_m = _segment_tokens(sorted_ids_ptr, seg_starts_ptr, seg, seg_len, pid_m, BLOCK_M)
+    slot, tok, mask_m = _segment_tokens(
+        sorted_ids_ptr, seg_starts_ptr, seg_slots_ptr, seg, seg_len, pid_m, BLOCK_M
+    )
     a_ptr = _slot_weights(a_table_ptr, a_ref_ptr, sl, slot, 2)
     offs_r = tl.arange(0, BLOCK_R)
     mask_r = offs_r < R
@@ -75,10 +89,7 @@ def sgmv_shrink_kernel(
     for k0 in range(pid_k * BLOCK_K, K, BLOCK_K * SPLIT_K):
         kk = k0 + offs_k
         mask_k = kk < K
-        x = tl.load(
-            x_ptr + tok[:, None] * stride_xt + kk[None, :] * stride_xk,
-            mask=mask_m[:, None] & mask_k[None, :], other=0.0,
-        ).to(tl.float32)  # fmt: skip
+        x = load_tile(x_ptr, tok, kk, stride_xt, stride_xk, mask_m, mask_k)
         a = tl.load(
             a_ptr + offs_r[None, :] * stride_ar + kk[:, None] * stride_ak,
             mask=mask_k[:, None] & mask_r[None, :], other=0.0,
@@ -107,10 +118,7 @@ def bgmv_shrink_kernel(
         kk = k0 + offs_k
         mask_k = kk < K
         x = tl.load(x_ptr + t * stride_xt + kk * stride_xk, mask=mask_k, other=0.0)
-        a = tl.load(
-            a_ptr + offs_r[:, None] * stride_ar + kk[None, :] * stride_ak,
-            mask=mask_r[:, None] & mask_k[None, :], other=0.0,
-        ).to(tl.float32)  # fmt: skip
+        a = load_tile(a_ptr, offs_r, kk, stride_ar, stride_ak, mask_r, mask_k)
         acc += tl.sum(a * x.to(tl.float32)[None, :], axis=1)
     _store_sums(y_ptr + sl * stride_ys + t * stride_yt + offs_r * stride_yr, acc, mask_r, SPLIT_K)
 
@@ -124,22 +132,19 @@ def sgmv_expand_kernel(
     BLOCK_R: tl.constexpr, ADD: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     pid_m, pid_n, pid_g = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    seg, sl = pid_g // N_SLICES, pid_g % N_SLICES
-    seg_len = tl.load(seg_lens_ptr + seg)
+    seg, sl, seg_len = _segment_slice(seg_lens_ptr, pid_g, N_SLICES)
     width = tl.load(b_table_ptr + sl * 4 + 2)
     if pid_m * BLOCK_M >= seg_len or pid_n * BLOCK_N >= width:
         return
-    slot = tl.load(seg_slots_ptr + seg)
-    tok, mask_m = _segment_tokens(sorted_ids_ptr, seg_starts_ptr, seg, seg_len, pid_m, BLOCK_M)
+    slot, tok, mask_m = _segment_tokens(
+        sorted_ids_ptr, seg_starts_ptr, seg_slots_ptr, seg, seg_len, pid_m, BLOCK_M
+    )
     b_ptr = _slot_weights(b_table_ptr, b_ref_ptr, sl, slot, 4)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < width
     offs_r = tl.arange(0, BLOCK_R)
     mask_r = offs_r < R
-    y = tl.load(
-        y_ptr + sl * stride_ys + tok[:, None] * stride_yt + offs_r[None, :] * stride_yr,
-        mask=mask_m[:, None] & mask_r[None, :], other=0.0,
-    ).to(tl.float32)  # fmt: skip
+    y = load_tile(y_ptr + sl * stride_ys, tok, offs_r, stride_yt, stride_yr, mask_m, mask_r)
     b = tl.load(
         b_ptr + offs_n[None, :] * stride_bn + offs_r[:, None] * stride_br,
         mask=mask_r[:, None] & mask_n[None, :], other=0.0,
@@ -167,10 +172,7 @@ def bgmv_expand_kernel(
     offs_r = tl.arange(0, BLOCK_R)
     mask_r = offs_r < R
     y = tl.load(y_ptr + sl * stride_ys + t * stride_yt + offs_r * stride_yr, mask=mask_r, other=0.0)
-    b = tl.load(
-        b_ptr + offs_n[:, None] * stride_bn + offs_r[None, :] * stride_br,
-        mask=mask_n[:, None] & mask_r[None, :], other=0.0,
-    ).to(tl.float32)  # fmt: skip
+    b = load_tile(b_ptr, offs_n, offs_r, stride_bn, stride_br, mask_n, mask_r)
     acc = tl.sum(b * y.to(tl.float32)[None, :], axis=1)
     acc *= tl.load(scales_ptr + slot).to(tl.float32)
     out_ptrs = out_ptr + t * stride_ot + (tl.load(b_table_ptr + sl * 4 + 3) + offs_n) * stride_on

@@ -112,13 +112,28 @@ BAD_FILES = {
     "float-batch": ({"entries": [_entry(batch=1.5)]}, "batch=1.5 must be a positive integer"),
     "bool-hidden": ({"entries": [_entry(hidden=True)]}, "hidden=True must be a positive"),
     "tiles-not-object": ({"entries": [_entry(tiles=[64])]}, "tiles must be an object"),
-    "unknown-field": ({"entries": [_entry(tiles={"blockk": 64})]}, r"unknown tile fields \['blockk'\]"),
-    "not-power-of-two": ({"entries": [_entry(tiles={"block_k": 100})]}, "block_k=100 must be a power of two in 16..512"),
-    "tile-too-small": ({"entries": [_entry(tiles={"block_m": 8})]}, "block_m=8 must be a power of two in 16..128"),
-    "zero-split": ({"entries": [_entry(tiles={"split_k": 0})]}, "split_k=0 must be an integer in 1..64"),
-    "three-warps": ({"entries": [_entry(tiles={"num_warps": 3})]}, "num_warps=3 must be a power of two"),
-    "string-stages": ({"entries": [_entry(tiles={"num_stages": "3"})]}, "num_stages='3' must be an integer"),
-    "too-many-stages": ({"entries": [_entry(tiles={"num_stages": 9})]}, "num_stages=9 must be an integer in 1..8"),
+    "unknown-field": (
+        {"entries": [_entry(tiles={"blockk": 64})]}, r"unknown tile fields \['blockk'\]"
+    ),
+    "not-power-of-two": (
+        {"entries": [_entry(tiles={"block_k": 100})]},
+        "block_k=100 must be a power of two in 16..512",
+    ),
+    "tile-too-small": (
+        {"entries": [_entry(tiles={"block_m": 8})]}, "block_m=8 must be a power of two in 16..128"
+    ),
+    "zero-split": (
+        {"entries": [_entry(tiles={"split_k": 0})]}, "split_k=0 must be an integer in 1..64"
+    ),
+    "three-warps": (
+        {"entries": [_entry(tiles={"num_warps": 3})]}, "num_warps=3 must be a power of two"
+    ),
+    "string-stages": (
+        {"entries": [_entry(tiles={"num_stages": "3"})]}, "num_stages='3' must be an integer"
+    ),
+    "too-many-stages": (
+        {"entries": [_entry(tiles={"num_stages": 9})]}, "num_stages=9 must be an integer in 1..8"
+    ),
     "duplicate-key": ({"entries": [_entry(), _entry()]}, r"entries\[1\]: key .* appears twice"),
 }  # fmt: skip
 

@@ -4,8 +4,9 @@ The interpreter runs code a GPU compiler rejects (bad layouts, pointer or contro
 misuse, tile shapes), so each kernel is also compiled ahead of time, through ptxas, for
 Hopper (H100/H200) and Ampere (A100). It uses the local Triton; a GPU box with an older one
 may still be stricter (Triton 3.9 accepts dot tiles of 8 that older versions refuse, which
-is why the kernels keep every tile at 16 or more). This runs in a child process: TRITON_INTERPRET, set for the other kernel
-tests, would turn the kernels into interpreted functions that cannot be compiled.
+is why the kernels keep every tile at 16 or more). This runs in a child process:
+TRITON_INTERPRET, set for the other kernel tests, would turn the kernels into interpreted
+functions that cannot be compiled.
 """
 
 import os

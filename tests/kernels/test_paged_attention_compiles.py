@@ -54,7 +54,8 @@ for arch in (90, 80):
         block_d = P._pow2(head_dim)
         common = dict(
             HEAD_DIM=head_dim, GROUP=group, BLOCK_SIZE=16, BLOCK_N=P._block_n(block_d),
-            BLOCK_D=block_d, SLIDING=sliding, SOFTCAP=softcap, PRECISION="ieee" if dtype == "fp32" else "tf32",
+            BLOCK_D=block_d, SLIDING=sliding, SOFTCAP=softcap,
+            PRECISION="ieee" if dtype == "fp32" else "tf32",
         )
         build(K.paged_decode_kernel, dtype, arch, NUM_SPLITS=splits, BLOCK_H=P._pow2(group),
               **common)
