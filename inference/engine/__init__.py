@@ -32,7 +32,8 @@ if TYPE_CHECKING:
         UnsupportedSchemaError,
     )
     from .llm_engine import LLMEngine
-    from .outputs import CompletionOutput, RequestOutput, TokenLogprob
+    from .logprobs import TokenLogprob
+    from .outputs import CompletionOutput, RequestOutput
     from .request import EngineRequest, LoRARequest, Priority
     from .sampling_params import SamplingParams
     from .scoring import ScoreResult
@@ -87,7 +88,8 @@ _HOMES = {
         "UnsupportedSchemaError",
     ),
     "llm_engine": ("LLMEngine",),
-    "outputs": ("CompletionOutput", "RequestOutput", "TokenLogprob"),
+    "logprobs": ("TokenLogprob",),
+    "outputs": ("CompletionOutput", "RequestOutput"),
     "request": ("EngineRequest", "LoRARequest", "Priority"),
     "sampling_params": ("SamplingParams",),
     "scoring": ("ScoreResult",),

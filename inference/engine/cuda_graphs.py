@@ -29,9 +29,8 @@ import torch
 
 from inference.kernels.lora_batch import static_decode_batch
 
-from .lora.apply import LoRAStep
 from .lora.slots import LoRASlots
-from .model.context import ForwardContext, PagedStep, forward_context
+from .model.context import ForwardContext, LoRAStep, PagedStep, forward_context
 from .model.decoder import CausalLM
 from .sampler import Sampler, SamplerOutput, SamplingTensors, sample, unpack
 from .sequence import Sequence

@@ -8,6 +8,8 @@ import bisect
 from dataclasses import dataclass, field
 from typing import Any
 
+from .sequence import Sequence
+
 # Seconds. Wide enough for a CPU serving a 135M model and a GPU serving an 8B one.
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 # A swap-in is a host-to-device copy: about a millisecond for an 8B model's rank-16 adapter.
@@ -58,6 +60,21 @@ class EngineMetrics:
     lora_evictions: dict[str, int] = field(default_factory=lambda: {"device": 0, "host": 0})
     lora_swap_in: Histogram = field(default_factory=lambda: Histogram(SWAP_BUCKETS))
     lora_load: Histogram = field(default_factory=Histogram)  # disk (or loader) to host memory
+
+    def observe_token(self, seq: Sequence, now: float) -> None:
+        """A generated token: counted, its latency observed and stamped on its sequence."""
+        self.generation_tokens += 1
+        if seq.first_token_time is None:
+            seq.first_token_time = now
+            self.time_to_first_token.observe(now - seq.arrival_time)
+        elif seq.last_token_time is not None:
+            self.inter_token_latency.observe(now - seq.last_token_time)
+        seq.last_token_time = now
+
+    def observe_finish(self, seq: Sequence, now: float) -> None:
+        assert seq.finish_reason is not None
+        self.finished[seq.finish_reason] += 1
+        self.e2e_latency.observe(now - seq.arrival_time)
 
     def snapshot(self) -> dict[str, Any]:
         return {

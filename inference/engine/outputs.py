@@ -3,15 +3,8 @@ stop tokens, stop strings (held back while they could still be forming), length 
 
 from dataclasses import dataclass, field
 
+from .logprobs import TokenLogprob
 from .sequence import Sequence
-
-
-@dataclass
-class TokenLogprob:
-    token_id: int
-    logprob: float
-    top: list[tuple[int, float]]  # (token id, logprob) of the most likely tokens, best first
-    rank: int | None = None  # 1 + how many tokens are more likely (prompt logprobs only)
 
 
 @dataclass

@@ -20,11 +20,12 @@ from dataclasses import dataclass
 import torch
 
 from . import grammar_mask
-from .outputs import TokenLogprob
+from .logprobs import TokenLogprob
 from .sampling_noise import as_int64_seed, log_exponential, row_keys
 from .sequence import Sequence
 
-# A temperature this low is greedy: dividing by it would overflow float32 logits (vLLM does the same).
+# A temperature this low is greedy: dividing by it would overflow float32 logits (vLLM does
+# the same).
 MIN_TEMPERATURE = 1e-5
 
 

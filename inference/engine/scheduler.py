@@ -5,8 +5,9 @@ those decoding feed their newest token (one each), those still prefilling feed t
 chunk of their prompt; then waiting sequences are admitted, each fed as much of its
 prompt as the budget has left. So a long prompt is prefilled over several steps while
 running streams keep producing a token each step. With `enable_chunked_prefill` off, a
-prompt is admitted only whole and the budget counts prefill tokens only. A sequence admitted gets KV blocks for all its tokens at once, sharing the blocks of
-the longest prefix the cache already holds (block_manager.py), and only the rest is fed.
+prompt is admitted only whole and the budget counts prefill tokens only. A sequence
+admitted gets KV blocks for all its tokens at once, sharing the blocks of the longest prefix
+the cache already holds (block_manager.py), and only the rest is fed.
 
 Priorities: all of this happens one priority class at a time, lowest value first, so a
 waiting request of a better class is served before running ones of worse classes, and

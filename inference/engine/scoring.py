@@ -7,7 +7,7 @@ platform's own evaluations never hold up tenants' traffic."""
 from dataclasses import dataclass
 
 from .errors import InvalidRequestError
-from .outputs import TokenLogprob
+from .logprobs import TokenLogprob
 from .request import EngineRequest, LoRARequest, Priority
 from .sampling_params import SamplingParams
 

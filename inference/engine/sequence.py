@@ -10,7 +10,7 @@ from .sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from .grammar import CompiledGrammar, GrammarMatcher
-    from .outputs import TokenLogprob
+    from .logprobs import TokenLogprob
     from .tokenizer import IncrementalDetokenizer
 
 

@@ -184,7 +184,8 @@ class Tokenizer:
         )
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        """Token ids for `text`; special tokens written in the text (like <|im_start|>) stay whole."""
+        """Token ids for `text`; special tokens written in the text (like <|im_start|>) stay
+        whole."""
         if not isinstance(text, str):
             raise TokenizerError(f"encode() needs a str, got {type(text).__name__}")
         return self._backend.encode(text, add_special_tokens=add_special_tokens).ids

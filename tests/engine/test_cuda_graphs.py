@@ -195,7 +195,7 @@ def test_padding_rows_never_change_a_real_block(llama_dir):
         rows = step_logits(engine)
         cache = runner.kv_cache
         changed = (cache != before).flatten(4).any(-1).any(0).any(0).flatten()  # by slot
-        real = {runner._slot(seq, len(seq) - 1) for seq, _ in rows}
+        real = {runner.input_builder.slot(seq, len(seq) - 1) for seq, _ in rows}
         pad = set(range(pad_block * block_size, (pad_block + 1) * block_size))
         written = set(changed.nonzero().flatten().tolist())
         assert written - pad <= real and real <= written

@@ -45,7 +45,8 @@ def _poison(w):
 REFUSED = {
     "dora_without_magnitudes": (
         {"config": {"use_dora": True}},
-        "needs a lora_magnitude_vector per adapted module; none for model.layers.0.self_attn.k_proj",
+        "needs a lora_magnitude_vector per adapted module; "
+        "none for model.layers.0.self_attn.k_proj",
     ),
     "lora_bias": ({"lora_bias": True}, "lora_bias"),
     "modules_to_save_norm": (

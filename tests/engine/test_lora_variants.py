@@ -1,9 +1,10 @@
 """PEFT's LoRA variants served exactly, on four families: per-module rank and alpha
 (rank_pattern / alpha_pattern), DoRA, LoRA on embed_tokens and lm_head (tied on the tiny
 Llama and Gemma 2, whose embedding is scaled; untied on Qwen2, whose q/k/v have biases, and
-Phi-3), whole saved heads (modules_to_save), and Phi-3's fused qkv_proj / gate_up_proj names. The engine's logits equal PEFT's own (fp32, 1e-4) at prefill
-and at each decode step, for each adapter alone and all of them in one batch with a plain
-LoRA adapter and base-model requests."""
+Phi-3), whole saved heads (modules_to_save), and Phi-3's fused qkv_proj / gate_up_proj
+names. The engine's logits equal PEFT's own (fp32, 1e-4) at prefill and at each decode
+step, for each adapter alone and all of them in one batch with a plain LoRA adapter and
+base-model requests."""
 
 import re
 import warnings

@@ -1,4 +1,5 @@
-"""PEFT adapters made by PEFT itself pass; every kind of adapter the engine cannot apply is refused."""
+"""PEFT adapters made by PEFT itself pass; every kind of adapter the engine cannot apply is
+refused."""
 
 import dataclasses
 import json
@@ -272,7 +273,7 @@ def test_adapter_with_no_lora_tensors_is_refused(good, tmp_path, fingerprint):
     assert "would change nothing" in message
 
 
-# ------------------------------------------------------------------ numbers and names an attacker picks
+# ------------------------------------------------------------- numbers and names an attacker picks
 
 
 def with_names(header, rename_to: dict[str, str]):

@@ -113,7 +113,7 @@ def test_deeply_nested_json_is_refused():
 
 
 def test_header_that_is_not_an_object_is_refused():
-    assert "must be an object, not list" in refused(pack(b"[1, 2]"))
+    assert "must be a JSON object, not list" in refused(pack(b"[1, 2]"))
 
 
 def test_entry_that_is_not_an_object_is_refused():
@@ -337,7 +337,7 @@ def test_non_json_constants_in_the_header_are_refused(constant):
         parse_header(struct.pack("<Q", len(body)) + body + b"\0" * 4)
 
 
-# ------------------------------------------------------------------ numbers and sizes an attacker picks
+# ------------------------------------------------------------- numbers and sizes an attacker picks
 
 
 def shaped(dims: str, dtype: str = "F32", offsets: str = "[0, 4]") -> bytes:

@@ -21,7 +21,7 @@ from inference.engine import (
     SamplingParams,
 )
 from inference.engine.errors import AdapterLoadError, ConfigError
-from inference.engine.parallel.workers import RankFailedError
+from inference.engine.parallel_workers import RankFailedError
 from tests.engine.lora_fixtures import ALL_LINEAR, ATTENTION, lora_engine, request_for
 from tests.engine.stepping import step_logits
 from tests.tiny_llama import make_tiny_llama

@@ -136,7 +136,10 @@ def test_chat_template_without_generation_prompt(tokenizer, hf_tokenizer):
 
 
 def test_template_raise_exception_becomes_tokenizer_error(tmp_path):
-    template = "{% if messages[0]['role'] != 'user' %}{{ raise_exception('first turn must be user') }}{% endif %}ok"
+    template = (
+        "{% if messages[0]['role'] != 'user' %}"
+        "{{ raise_exception('first turn must be user') }}{% endif %}ok"
+    )
     tok = Tokenizer.from_folder(copy_folder(tmp_path, chat_template=template))
     assert tok.apply_chat_template([{"role": "user", "content": "x"}]) == "ok"
     with pytest.raises(TokenizerError, match="first turn must be user"):

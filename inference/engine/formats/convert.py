@@ -7,7 +7,8 @@ GGUF metadata. Everything is planned and validated before anything touches the d
 a temporary sibling folder, then renamed into place, so a failed or concurrent run never leaves a
 half-written model behind. Output is byte-for-byte deterministic.
 
-    python -m inference.engine.formats.convert --preset smollm2-135m-instruct --out var/models/smollm2
+    python -m inference.engine.formats.convert --preset smollm2-135m-instruct \\
+        --out var/models/smollm2
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from ..errors import EngineError
 if TYPE_CHECKING:
     from gguf import GGUFReader
     from tokenizers.pre_tokenizers import PreTokenizer
+    from tokenizers.processors import PostProcessor
 
 GGUF_MAGIC = b"GGUF"
 FILE_MODE = 0o644
@@ -304,21 +306,9 @@ class TokenizerFiles:
 
 def build_tokenizer(reader: GGUFReader, config: dict[str, Any]) -> TokenizerFiles:
     """tokenizer.json and tokenizer_config.json from the `tokenizer.ggml.*` metadata."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, processors
+    from tokenizers import AddedToken, Tokenizer, decoders, models
 
-    kind = _field(reader, "tokenizer.ggml.model")
-    if kind != "gpt2":
-        raise ConvertError(
-            f"tokenizer model {kind!r} is not supported; only byte-level BPE ('gpt2') is"
-        )
-    tokens: list[str] = list(_field(reader, "tokenizer.ggml.tokens"))
-    types = list(_field(reader, "tokenizer.ggml.token_type") or [1] * len(tokens))
-    merges = [tuple(m.split(" ")) for m in _field(reader, "tokenizer.ggml.merges") or []]
-    if len(set(tokens)) != len(tokens):
-        raise ConvertError("the GGUF vocabulary repeats a token; it cannot map to one id each")
-    if any(len(m) != 2 for m in merges):
-        raise ConvertError("a GGUF merge is not two space-separated tokens")
-
+    tokens, types, merges = _vocabulary(reader)
     tokenizer = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges))
     tokenizer.pre_tokenizer = _pre_tokenizer(_field(reader, "tokenizer.ggml.pre", "default"))
     tokenizer.decoder = decoders.ByteLevel()
@@ -326,29 +316,13 @@ def build_tokenizer(reader: GGUFReader, config: dict[str, Any]) -> TokenizerFile
     user = [t for t, kind in zip(tokens, types, strict=True) if kind == _TOKEN_USER_DEFINED]
     tokenizer.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in specials])
     tokenizer.add_tokens([AddedToken(t, normalized=False, special=False) for t in user])
-
-    def token(key: str) -> str | None:
-        token_id = _field(reader, f"tokenizer.ggml.{key}")
-        if token_id is None:
-            return None
-        if not 0 <= token_id < len(tokens):
-            raise ConvertError(f"tokenizer.ggml.{key} = {token_id} is outside the vocabulary")
-        return tokens[int(token_id)]
-
-    bos, eos = token("bos_token_id"), token("eos_token_id")
+    bos = _special_token(reader, tokens, "bos_token_id")
+    eos = _special_token(reader, tokens, "eos_token_id")
     add_bos = bool(_field(reader, "tokenizer.ggml.add_bos_token", False)) and bos is not None
     add_eos = bool(_field(reader, "tokenizer.ggml.add_eos_token", False)) and eos is not None
-    if add_bos or add_eos:
-        head = [bos] if add_bos and bos is not None else []
-        tail = [eos] if add_eos and eos is not None else []
-        tokenizer.post_processor = processors.TemplateProcessing(
-            single=[*head, "$A", *tail],
-            pair=[*head, "$A", *tail, *head, "$B:1", *tail],
-            special_tokens=[(t, tokens.index(t)) for t in dict.fromkeys(head + tail)],
-        )
-    else:
-        tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
-
+    tokenizer.post_processor = _post_processor(
+        tokens, bos if add_bos else None, eos if add_eos else None
+    )
     added = {
         str(tokens.index(t)): {
             "content": t,
@@ -369,11 +343,54 @@ def build_tokenizer(reader: GGUFReader, config: dict[str, Any]) -> TokenizerFile
         "clean_up_tokenization_spaces": False,
         "eos_token": eos,
         "model_max_length": config["max_position_embeddings"],
-        "pad_token": token("padding_token_id"),
+        "pad_token": _special_token(reader, tokens, "padding_token_id"),
         "tokenizer_class": "PreTrainedTokenizerFast",
-        "unk_token": token("unknown_token_id"),
+        "unk_token": _special_token(reader, tokens, "unknown_token_id"),
     }
     return TokenizerFiles(tokenizer.to_str(pretty=True), tokenizer_config)
+
+
+def _vocabulary(reader: GGUFReader) -> tuple[list[str], list[int], list[tuple[str, str]]]:
+    """(tokens, their types, merges) of a byte-level BPE vocabulary, checked."""
+    kind = _field(reader, "tokenizer.ggml.model")
+    if kind != "gpt2":
+        raise ConvertError(
+            f"tokenizer model {kind!r} is not supported; only byte-level BPE ('gpt2') is"
+        )
+    tokens: list[str] = list(_field(reader, "tokenizer.ggml.tokens"))
+    types = list(_field(reader, "tokenizer.ggml.token_type") or [1] * len(tokens))
+    merges = [tuple(m.split(" ")) for m in _field(reader, "tokenizer.ggml.merges") or []]
+    if len(set(tokens)) != len(tokens):
+        raise ConvertError("the GGUF vocabulary repeats a token; it cannot map to one id each")
+    if any(len(m) != 2 for m in merges):
+        raise ConvertError("a GGUF merge is not two space-separated tokens")
+    return tokens, types, merges
+
+
+def _special_token(reader: GGUFReader, tokens: list[str], key: str) -> str | None:
+    """The token a `tokenizer.ggml.<key>` id names; None when the GGUF names none."""
+    token_id = _field(reader, f"tokenizer.ggml.{key}")
+    if token_id is None:
+        return None
+    if not 0 <= token_id < len(tokens):
+        raise ConvertError(f"tokenizer.ggml.{key} = {token_id} is outside the vocabulary")
+    return tokens[int(token_id)]
+
+
+def _post_processor(tokens: list[str], bos: str | None, eos: str | None) -> PostProcessor:
+    """The tokens added around each encoded text: `bos` before and `eos` after (when set),
+    else byte-level offsets only."""
+    from tokenizers import processors
+
+    if bos is None and eos is None:
+        return processors.ByteLevel(trim_offsets=False)
+    head = [bos] if bos is not None else []
+    tail = [eos] if eos is not None else []
+    return processors.TemplateProcessing(
+        single=[*head, "$A", *tail],
+        pair=[*head, "$A", *tail, *head, "$B:1", *tail],
+        special_tokens=[(t, tokens.index(t)) for t in dict.fromkeys(head + tail)],
+    )
 
 
 # --- writing -----------------------------------------------------------------------------------
@@ -418,7 +435,8 @@ def convert_gguf(
         raise ConvertError(f"{out} exists and is not a folder")
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise ConvertError(
-            f"{out} already exists and is not empty; choose another folder or overwrite it (--overwrite)"
+            f"{out} already exists and is not empty; choose another folder or overwrite it "
+            "(--overwrite)"
         )
 
     reader = open_gguf(gguf_path)

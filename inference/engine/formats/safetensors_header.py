@@ -13,13 +13,14 @@ with `safetensors`.
 from __future__ import annotations
 
 import io
-import json
 import math
 import os
 import reprlib
 import struct
 from dataclasses import dataclass
 from typing import Any, BinaryIO, NoReturn
+
+from .untrusted_json import load_object
 
 MAX_HEADER_BYTES = 16 * 1024 * 1024
 # Far above any real checkpoint, far below what costs time: a tensor has at most
@@ -181,23 +182,15 @@ def _decode_json(raw: bytes) -> dict[str, Any]:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise HeaderError(f"header is not valid UTF-8 (byte {e.start})") from e
-    try:
-        doc = json.loads(
-            text,
-            object_pairs_hook=_no_duplicates,
-            parse_constant=_no_constant,
-            parse_int=_bounded_int,
-            parse_float=_bounded_float,
-        )
-    except HeaderError:
-        raise
-    except RecursionError as e:
-        raise HeaderError("header JSON is nested too deeply") from e
-    except ValueError as e:  # JSONDecodeError
-        raise HeaderError(f"header is not valid JSON: {e}") from e
-    if not isinstance(doc, dict):
-        raise HeaderError(f"header JSON must be an object, not {type(doc).__name__}")
-    return doc
+    return load_object(
+        text,
+        "header",
+        HeaderError,
+        object_pairs_hook=_no_duplicates,
+        parse_constant=_no_constant,
+        parse_int=_bounded_int,
+        parse_float=_bounded_float,
+    )
 
 
 def _bounded_int(digits: str) -> int:

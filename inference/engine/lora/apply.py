@@ -11,27 +11,15 @@ lm_head runs on the rows being sampled only, so it reads its own rows from the
 ForwardContext (`lora_head`), while the other layers read every fed token (`lora`).
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from inference.kernels import add_lora
-from inference.kernels.lora_batch import LoRABatch
 
-from ..model.context import get_forward_context
-
-# (slot, its tokens' rows in the batch, or None when every token is that slot's)
-SlotRows = list[tuple[int, torch.Tensor | None]]
-
-
-@dataclass
-class LoRAStep:
-    """What the LoRA layers read from the ForwardContext in one step."""
-
-    batch: LoRABatch
-    buffer: torch.Tensor  # fp32 scratch [max slices, >= num_tokens, max_lora_rank]
-    extra_rows: SlotRows  # slots of this batch whose adapters have extras (DoRA, heads)
+from ..model.context import SlotRows, get_forward_context
 
 
 @dataclass
@@ -87,20 +75,7 @@ class EmbeddingLoRA:
         step = get_forward_context().lora
         if step is None or not self.adapters:
             return
-        for slot, rows in step.extra_rows:
-            a = self.adapters.get(slot)
-            if a is None:
-                continue
-            ids = input_ids if rows is None else input_ids.index_select(0, rows)
-            if a.saved is not None:
-                y = F.embedding(ids, a.saved)
-            else:
-                y = out if rows is None else out.index_select(0, rows)
-            if a.lora_a is not None and a.lora_b is not None:
-                y = y + (F.embedding(ids, a.lora_a) @ a.lora_b.T) * a.scale
-            if a.dora is not None:
-                y = y * a.dora
-            write_rows(out, rows, y)
+        _adapt_rows(out, input_ids, step.extra_rows, self.adapters, F.embedding)
 
 
 class HeadLoRA:
@@ -113,20 +88,32 @@ class HeadLoRA:
         head_rows = get_forward_context().lora_head
         if not head_rows:
             return
-        for slot, rows in head_rows:
-            a = self.adapters.get(slot)
-            if a is None:
-                continue
-            xs = x if rows is None else x.index_select(0, rows)
-            if a.saved is not None:
-                y = F.linear(xs, a.saved)
-            else:
-                y = out if rows is None else out.index_select(0, rows)
-            if a.lora_a is not None and a.lora_b is not None:
-                y = y + F.linear(F.linear(xs, a.lora_a), a.lora_b) * a.scale
-            if a.dora is not None:
-                y = y * a.dora
-            write_rows(out, rows, y)
+        _adapt_rows(out, x, head_rows, self.adapters, F.linear)
+
+
+def _adapt_rows(
+    out: torch.Tensor,
+    inputs: torch.Tensor,
+    rows_by_slot: SlotRows,
+    adapters: dict[int, HeadAdapter],
+    project: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+) -> None:
+    """embed_tokens' or lm_head's change (`project` is the module's op on a weight) to the
+    rows of each slot whose adapter has one."""
+    for slot, rows in rows_by_slot:
+        a = adapters.get(slot)
+        if a is None:
+            continue
+        xs = inputs if rows is None else inputs.index_select(0, rows)
+        if a.saved is not None:
+            y = project(xs, a.saved)
+        else:
+            y = out if rows is None else out.index_select(0, rows)
+        if a.lora_a is not None and a.lora_b is not None:
+            y = y + F.linear(project(xs, a.lora_a), a.lora_b) * a.scale
+        if a.dora is not None:
+            y = y * a.dora
+        write_rows(out, rows, y)
 
 
 def slot_rows(token_slots: list[int], wanted: set[int], device: torch.device) -> SlotRows:

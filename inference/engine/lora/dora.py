@@ -13,42 +13,49 @@ _CHUNK_ELEMENTS = 1 << 24  # rows of W + s*B@A formed at once, to bound the temp
 
 
 @torch.inference_mode()
-def linear_scale(
+def magnitude_scale(
     weight: torch.Tensor,
     lora_a: torch.Tensor,
     lora_b: torch.Tensor,
     scale: float,
     magnitude: torch.Tensor,
+    *,
+    embedding: bool = False,
 ) -> torch.Tensor:
-    """g [out] = m / ||W + s B A|| per row; weight [out, in] on its device, A [r, in],
-    B [out, r], m [out]. Computed in float32 on the weight's device."""
+    """g = m / ||W + s delta||, in float32 on the weight's device. A linear (weight [out, in],
+    A [r, in], B [out, r], m [out]) has one per output row; an embedding (weight [vocab,
+    hidden], A [r, vocab] and B [hidden, r] as PEFT stores them, m [hidden]) one per hidden
+    column, over the vocabulary."""
     device = weight.device
     a = lora_a.to(device, torch.float32)
     b = lora_b.to(device, torch.float32)
     step = max(1, _CHUNK_ELEMENTS // max(weight.shape[1], 1))
+    norms = (
+        _column_norms(weight, a, b, scale, step)
+        if embedding
+        else _row_norms(weight, a, b, scale, step)
+    )
+    return magnitude.to(device, torch.float32) / norms
+
+
+def _row_norms(
+    weight: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale: float, step: int
+) -> torch.Tensor:
+    """||W + s B A|| of each row, `step` rows at a time."""
     norms = [
         torch.linalg.norm(weight[i : i + step].float() + scale * (b[i : i + step] @ a), dim=1)
         for i in range(0, weight.shape[0], step)
     ]
-    return magnitude.to(device, torch.float32) / torch.cat(norms)
+    return torch.cat(norms)
 
 
-@torch.inference_mode()
-def embedding_scale(
-    weight: torch.Tensor,
-    lora_a: torch.Tensor,
-    lora_b: torch.Tensor,
-    scale: float,
-    magnitude: torch.Tensor,
+def _column_norms(
+    weight: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale: float, step: int
 ) -> torch.Tensor:
-    """g [hidden] = m / ||W + s A^T B^T|| per hidden column over the vocabulary; weight
-    [vocab, hidden], A [r, vocab] and B [hidden, r] as PEFT stores them, m [hidden]."""
-    device = weight.device
-    a_t = lora_a.to(device, torch.float32).T
-    b_t = lora_b.to(device, torch.float32).T
-    step = max(1, _CHUNK_ELEMENTS // max(weight.shape[1], 1))
-    squares = torch.zeros(weight.shape[1], dtype=torch.float32, device=device)
+    """||W + s A^T B^T|| of each column, summed over `step` rows at a time."""
+    a_t, b_t = a.T, b.T
+    squares = torch.zeros(weight.shape[1], dtype=torch.float32, device=weight.device)
     for i in range(0, weight.shape[0], step):
         rows = weight[i : i + step].float() + scale * (a_t[i : i + step] @ b_t)
         squares += rows.square().sum(dim=0)
-    return magnitude.to(device, torch.float32) / squares.sqrt()
+    return squares.sqrt()

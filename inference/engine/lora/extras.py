@@ -93,8 +93,9 @@ def build_extras(
         head_magnitude = tensors.magnitudes.get((HEAD_LAYER, head))
         if head_magnitude is not None:
             w = base.heads[head] if weight is None else weight
-            scale_of = dora.embedding_scale if head == "embed_tokens" else dora.linear_scale
-            pieces[(DORA, HEAD_LAYER, head)] = scale_of(w, a, b, scale, head_magnitude)
+            pieces[(DORA, HEAD_LAYER, head)] = dora.magnitude_scale(
+                w, a, b, scale, head_magnitude, embedding=head == "embed_tokens"
+            )
     if not pieces:
         return None
     return _flatten(pieces, dtype, pin, head_scales)
@@ -112,7 +113,7 @@ def _linear_dora(
     linear = base.linears[name]
     rows = linear.slices[module]
     a, b = tensors.factors[(layer, module)]
-    g = dora.linear_scale(linear.weight[rows], a, b, tensors.scales[(layer, module)], magnitude)
+    g = dora.magnitude_scale(linear.weight[rows], a, b, tensors.scales[(layer, module)], magnitude)
     out = linear.weight.shape[0]
     full = pieces.setdefault((DORA, *name), torch.ones(out, device=g.device))
     full[rows] = g

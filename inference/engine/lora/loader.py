@@ -94,14 +94,9 @@ class AdapterLoader:
                     raise AdapterLoadError(f"the loader could not fetch it: {e}") from e
                 if path is None or not os.path.isdir(path):
                     raise AdapterLoadError(f"the loader returned {path!r}, which is not a folder")
-            spec, tensors = load_adapter(
-                path,
-                self.fingerprint,
-                max_lora_rank=self.slots.max_rank,
-                max_saved_params=self.slots.max_saved_params,
+            adapter = load_host_adapter(
+                self.slots, req, path, self.fingerprint, pin=self._pin_memory
             )
-            row, extras = self.slots.pack(spec, tensors, pin=self._pin_memory)
-            adapter = HostAdapter(req, spec, row, os.fspath(path), extras)
         except (AdapterError, AdapterLoadError) as e:
             error = AdapterLoadError(
                 f"adapter {req.name!r} ({req.adapter_id}) cannot be served: {e}"
@@ -117,6 +112,26 @@ class AdapterLoader:
         self._loaded.set()
         if self.wakeup is not None:
             self.wakeup()
+
+
+def load_host_adapter(
+    slots: LoRASlots,
+    request: LoRARequest,
+    path: str | os.PathLike[str],
+    fingerprint: ArchFingerprint,
+    *,
+    pin: bool,
+) -> HostAdapter:
+    """An adapter folder, every PEFT rule checked, as one slot row (and its extras) in host
+    memory; AdapterError says why one cannot be served."""
+    spec, tensors = load_adapter(
+        path,
+        fingerprint,
+        max_lora_rank=slots.max_rank,
+        max_saved_params=slots.max_saved_params,
+    )
+    row, extras = slots.pack(spec, tensors, pin=pin)
+    return HostAdapter(request, spec, row, os.fspath(path), extras)
 
 
 def _one_torch_thread() -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 MAX_PATTERN_ENTRIES = 1024
 MAX_PATTERN_CHARS = 200
@@ -52,66 +53,94 @@ def _compiled(key: str) -> re.Pattern[str]:
 
 def _complexity_problem(key: str) -> str | None:
     """Scan a pattern for the constructs that make backtracking blow up (see module doc)."""
-    # one frame per open group: [holds a quantifier, holds an alternation]
-    frames: list[list[bool]] = [[False, False]]
-    last_group: list[bool] | None = None  # the group just closed, if the last atom was one
-    quantifiers = 0
-    i = 0
-    while i < len(key):
-        ch = key[i]
-        atom_group: list[bool] | None = None
-        if ch == "\\":
-            if key[i + 1 : i + 2].isdigit():
-                return "uses a backreference"
-            i += 2
-        elif ch == "[":
-            end = _class_end(key, i)
-            if end is None:
-                return "has an unclosed character class"
-            i = end + 1
-        elif ch == "(":
-            if key.startswith("(?", i) and not key.startswith("(?:", i):
-                return "uses a lookaround, inline flag or named group; plain groups only"
-            frames.append([False, False])
-            i += 3 if key.startswith("(?:", i) else 1
-            last_group = None
-            continue
-        elif ch == ")":
-            if len(frames) == 1:
-                return "has an unbalanced ')'"
-            atom_group = frames.pop()
-            frames[-1][0] |= atom_group[0]  # repeating the outer group repeats these too
-            frames[-1][1] |= atom_group[1]
-            i += 1
-        elif ch == "|":
-            frames[-1][1] = True
-            i += 1
-            last_group = None
-            continue
-        elif ch in "*+?{":
-            end = _quantifier_end(key, i)
-            if end is None:  # a literal '{'
-                i += 1
-            else:
-                unbounded = _repeats_many(key[i:end])
-                if last_group is not None and unbounded and any(last_group):
-                    return "repeats a group that holds a quantifier or an alternation"
-                if unbounded:
-                    quantifiers += 1
-                    frames[-1][0] = True
-                if key[end : end + 1] in ("?", "+"):  # lazy or possessive
-                    end += 1
-                i = end
-                last_group = None
-                continue
-        else:
-            i += 1
-        last_group = atom_group
-    if len(frames) > 1:
+    scan = _Scan(key)
+    try:
+        i = 0
+        while i < len(key):
+            i = scan.token(i)
+    except _Refused as e:
+        return str(e)
+    if len(scan.groups) > 1:
         return "has an unclosed '('"
-    if quantifiers > MAX_QUANTIFIERS:
-        return f"has {quantifiers} repeating quantifiers; at most {MAX_QUANTIFIERS}"
+    if scan.quantifiers > MAX_QUANTIFIERS:
+        return f"has {scan.quantifiers} repeating quantifiers; at most {MAX_QUANTIFIERS}"
     return None
+
+
+class _Refused(Exception):
+    """A construct the scan refuses; the message says which."""
+
+
+@dataclass
+class _Group:
+    """What an open group holds so far; repeating the group repeats these too."""
+
+    quantifier: bool = False
+    alternation: bool = False
+
+
+class _Scan:
+    """One pass over a pattern: the open groups, and the group just closed when the last
+    atom was one (a quantifier right after it repeats the whole group)."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self.groups = [_Group()]  # the pattern itself is the outermost
+        self.closed: _Group | None = None
+        self.quantifiers = 0
+
+    def token(self, i: int) -> int:
+        """Read the token at `i`; the index after it."""
+        ch = self.key[i]
+        closed, self.closed = self.closed, None
+        if ch == "\\":
+            if self.key[i + 1 : i + 2].isdigit():
+                raise _Refused("uses a backreference")
+            return i + 2
+        if ch == "[":
+            end = _class_end(self.key, i)
+            if end is None:
+                raise _Refused("has an unclosed character class")
+            return end + 1
+        if ch == "(":
+            return self._open(i)
+        if ch == ")":
+            return self._close(i)
+        if ch == "|":
+            self.groups[-1].alternation = True
+            return i + 1
+        if ch in "*+?{":
+            return self._quantifier(i, closed)
+        return i + 1
+
+    def _open(self, i: int) -> int:
+        if self.key.startswith("(?", i) and not self.key.startswith("(?:", i):
+            raise _Refused("uses a lookaround, inline flag or named group; plain groups only")
+        self.groups.append(_Group())
+        return i + 3 if self.key.startswith("(?:", i) else i + 1
+
+    def _close(self, i: int) -> int:
+        if len(self.groups) == 1:
+            raise _Refused("has an unbalanced ')'")
+        inner = self.groups.pop()
+        self.groups[-1].quantifier |= inner.quantifier
+        self.groups[-1].alternation |= inner.alternation
+        self.closed = inner
+        return i + 1
+
+    def _quantifier(self, i: int, closed: _Group | None) -> int:
+        end = _quantifier_end(self.key, i)
+        if end is None:  # a literal '{'
+            return i + 1
+        unbounded = _repeats_many(self.key[i:end])
+        if unbounded and closed is not None and (closed.quantifier or closed.alternation):
+            raise _Refused("repeats a group that holds a quantifier or an alternation")
+        if unbounded:
+            self.quantifiers += 1
+            self.groups[-1].quantifier = True
+        if self.key[end : end + 1] in ("?", "+"):  # lazy or possessive
+            end += 1
+        return end
 
 
 def _class_end(key: str, start: int) -> int | None:

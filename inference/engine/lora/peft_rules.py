@@ -11,27 +11,20 @@ quoted briefly, so a hostile file gets a report, never an exception.
 Served: LoRA on every layer projection (per-module rank and alpha from `rank_pattern` /
 `alpha_pattern`, rsLoRA), DoRA (`use_dora`: a magnitude vector per adapted module), LoRA on
 `embed_tokens` and `lm_head`, and full copies of those two (`modules_to_save`) up to
-`max_saved_params` parameters (LORAPLEX_MAX_SAVED_MODULE_PARAMS). Phi-3 adapters name fused `qkv_proj` / `gate_up_proj`; they
-are split here into the engine's q/k/v and gate/up slices (A shared, B split by rows).
+`max_saved_params` parameters (LORAPLEX_MAX_SAVED_MODULE_PARAMS). Phi-3 adapters name
+fused `qkv_proj` / `gate_up_proj`; they are split here into the engine's q/k/v and gate/up
+slices (A shared, B split by rows).
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TypeGuard
 
-from ..formats.safetensors_header import (
-    HeaderError,
-    SafetensorsHeader,
-    check_finite,
-    parse_header,
-    show,
-)
-from .fingerprint import (
+from ..fingerprint import (
     ATTENTION_MODULES,
     HEAD_MODULES,
     MLP_MODULES,
@@ -41,6 +34,14 @@ from .fingerprint import (
     fingerprint_from_config,
     is_positive_int,
 )
+from ..formats.safetensors_header import (
+    HeaderError,
+    SafetensorsHeader,
+    check_finite,
+    parse_header,
+    show,
+)
+from ..formats.untrusted_json import load_object
 from .patterns import MAX_PATTERN_ENTRIES, pattern_problem
 from .report import AdapterError, AdapterReport, AdapterSpec, Check, listing, require_valid
 from .tensor_checks import (
@@ -130,15 +131,9 @@ UNSUPPORTED_FIELDS = (
 
 def parse_config(raw: bytes | str) -> dict[str, Any]:
     """adapter_config.json bytes to a dict, or AdapterError saying what is wrong."""
-    try:
-        config = json.loads(raw, parse_int=_config_int, parse_float=_config_float)
-    except AdapterError:
-        raise
-    except (UnicodeDecodeError, ValueError, RecursionError) as e:
-        raise AdapterError(f"{CONFIG_FILE} is not valid JSON: {e}") from e
-    if not isinstance(config, dict):
-        raise AdapterError(f"{CONFIG_FILE} must be a JSON object, not {type(config).__name__}")
-    return config
+    return load_object(
+        raw, CONFIG_FILE, AdapterError, parse_int=_config_int, parse_float=_config_float
+    )
 
 
 def _too_long(text: str) -> NoReturn:

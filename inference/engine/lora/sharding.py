@@ -1,5 +1,5 @@
 """LoRA under tensor parallelism: each adapter's factors cut the way their layer's weight
-is (parallel/layers.py), and the extras no rank could apply exactly refused.
+is (model/parallel_layers.py), and the extras no rank could apply exactly refused.
 
 DoRA scales each output row by m / ||W + s B A|| over the whole input: a row-parallel
 layer's rank holds only some columns of that row, and its scaled partial sums would need

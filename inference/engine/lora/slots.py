@@ -22,10 +22,11 @@ import torch
 from inference.kernels import make_lora_batch, select_backend
 from inference.kernels.lora_checks import check_add_lora
 
+from ..model.context import LoRAStep, SlotRows
 from ..model.decoder import PACKED_MODULES, CausalLM
 from ..model.layers import Linear
 from ..request import LoRARequest
-from .apply import EmbeddingLoRA, HeadAdapter, HeadLoRA, LinearLoRA, LoRAStep, SlotRows, slot_rows
+from .apply import EmbeddingLoRA, HeadAdapter, HeadLoRA, LinearLoRA, slot_rows
 from .arena import ExtrasArena
 from .extras import (
     DORA,
@@ -111,7 +112,7 @@ class LoRASlots:
         # tensor parallelism: each target's factors cut to this rank's shard (empty: whole)
         self.sharders: dict[tuple[int, str], FactorSharder] = sharders(targets)
         # rank 0 of a tensor-parallel engine: the slot writes (adapter) and clears (None)
-        # since the last step, for the other ranks to repeat (see parallel/workers.py)
+        # since the last step, for the other ranks to repeat (see parallel_workers.py)
         self.journal: list[tuple[int, HostAdapter | None]] | None = None
         self.linear_lora: dict[tuple[int, str], LinearLoRA] = {}
         check = make_lora_batch(torch.tensor([0]), device=self.device, backend=self.backend)

@@ -9,8 +9,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from ..formats.safetensors_header import TensorInfo, show
-from .fingerprint import (
+from ..fingerprint import (
     FUSED_MODULES,
     HEAD_MODULES,
     PARENT,
@@ -18,6 +17,7 @@ from .fingerprint import (
     family_of,
     is_positive_int,
 )
+from ..formats.safetensors_header import TensorInfo, show
 from .patterns import first_match
 from .report import Check, clip, listing
 from .tensor_names import (

@@ -1,1 +1,2 @@
-"""The Llama model: layers, paged attention, the forward context, the weight loader."""
+"""The decoder model: layers (plain and tensor-parallel), paged attention, the forward
+context, the weight loader."""

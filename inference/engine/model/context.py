@@ -9,14 +9,24 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 
-if TYPE_CHECKING:
-    from ..lora.apply import LoRAStep, SlotRows
+from inference.kernels.lora_batch import LoRABatch
 
 _local = threading.local()
+
+# (slot, its tokens' rows in the batch, or None when every token is that slot's)
+SlotRows = list[tuple[int, torch.Tensor | None]]
+
+
+@dataclass
+class LoRAStep:
+    """What the LoRA layers (lora/apply.py) read from the ForwardContext in one step."""
+
+    batch: LoRABatch
+    buffer: torch.Tensor  # fp32 scratch [max slices, >= num_tokens, max_lora_rank]
+    extra_rows: SlotRows  # slots of this batch whose adapters have extras (DoRA, heads)
 
 
 @dataclass
@@ -61,10 +71,10 @@ class ForwardContext:
     # set when attention runs on the Triton paged kernels
     paged: PagedStep | None = None
     # the batch's adapters; None when no token uses one, so LoRA costs nothing
-    lora: "LoRAStep | None" = None
+    lora: LoRAStep | None = None
     # the adapters that change lm_head, by the rows whose logits are computed (those rows
     # only: the runner samples a subset of the fed tokens); None when none does
-    lora_head: "SlotRows | None" = None
+    lora_head: SlotRows | None = None
 
     @property
     def num_prefill_tokens(self) -> int:

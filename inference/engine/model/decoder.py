@@ -12,17 +12,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import ModelConfig
-from ..parallel.layers import (
+from ..model_config import ModelConfig
+from ..parallel.plan import ShardPlan
+from .attention import Attention
+from .layers import Linear, VocabEmbedding
+from .norm import RMSNorm
+from .parallel_layers import (
     ColumnParallelLinear,
     ParallelLMHead,
     RowParallelLinear,
     VocabParallelEmbedding,
 )
-from ..parallel.plan import ShardPlan
-from .attention import Attention
-from .layers import Linear, VocabEmbedding
-from .norm import RMSNorm
 from .rotary import Rope, RotaryEmbedding, apply_rotary
 
 # checkpoint projection -> (merged module, part index)

@@ -44,7 +44,7 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         all_inv_freq = [rope_inv_freq(rotary_dim, theta, scaling, max_positions)]
         if scaling is not None and scaling["rope_type"] == "longrope":
-            # LongRoPE's long factors take rows max_positions.. (model_runner._positions)
+            # LongRoPE's long factors take rows max_positions.. (InputBuilder.positions)
             plain = rope_inv_freq(rotary_dim, theta, None, max_positions)
             all_inv_freq.append(plain / torch.tensor(scaling["long_factor"], dtype=torch.float32))
         steps = torch.arange(max_positions, dtype=torch.float32)

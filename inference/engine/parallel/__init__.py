@@ -1,6 +1,8 @@
-"""Tensor parallelism: one model sharded over N ranks (torch.distributed, gloo or NCCL).
+"""Tensor parallelism's plan and collectives: one model sharded over N ranks
+(torch.distributed, gloo or NCCL).
 
-plan.py says which rows and columns each rank holds, layers.py holds the sharded layers and
-their one collective each, group.py the collectives, workers.py the ranks 1..N-1 that rank 0
-(the engine's process) starts, feeds each step and watches.
+plan.py says which rows and columns each rank holds, group.py runs the collectives. Both
+sit below the model and the config, which read them; the sharded layers are the model's
+(model/parallel_layers.py), and the ranks 1..N-1 that rank 0 starts, feeds and watches are
+the runner's (parallel_workers.py).
 """

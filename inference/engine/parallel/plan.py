@@ -9,8 +9,8 @@ shard padded with zero rows when the vocabulary does not divide).
 import dataclasses
 from dataclasses import dataclass
 
-from ..config import ModelConfig
 from ..errors import ConfigError
+from ..model_config import ModelConfig
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
-"""The sharded layers. Each keeps the plain layer's forward and LoRA hook, so the LoRA
-slots see a layer of this rank's shape and its factors are sharded the way its weight is:
+"""The tensor-parallel layers, cut by parallel/plan.py. Each keeps the plain layer's forward
+and LoRA hook, so the LoRA slots see a layer of this rank's shape and its factors are sharded
+the way its weight is:
 
 - ColumnParallelLinear (q/k/v, gate/up): output rows split, no communication; LoRA's A
   whole, B split by the same rows.
@@ -15,8 +16,8 @@ slots see a layer of this rank's shape and its factors are sharded the way its w
 import torch
 import torch.nn.functional as F
 
-from ..model.layers import Linear, VocabEmbedding
-from .group import all_gather_last, all_reduce
+from ..parallel.group import all_gather_last, all_reduce
+from .layers import Linear, VocabEmbedding
 
 
 class ColumnParallelLinear(Linear):

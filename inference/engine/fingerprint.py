@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, TypeGuard
 
-from ..families import FAMILIES
+from .families import FAMILIES
 
 ATTENTION_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
@@ -116,19 +116,20 @@ def family_of(architecture: object) -> str | None:
     return FAMILIES.get(name) or (name if name in FAMILIES.values() else None)
 
 
-def fingerprint_from_config(cfg: dict[str, Any]) -> ArchFingerprint:
-    """Read a Hugging Face config.json dict of a served model family."""
+def fingerprint_from_config(cfg: dict[str, Any], source: str = "config.json") -> ArchFingerprint:
+    """Read a Hugging Face config.json dict of a served model family; `source` names the file
+    in the errors."""
 
     def need(key: str) -> int:
         value = cfg.get(key)
         if not is_positive_int(value):
-            raise FingerprintError(f"config.json: {key} must be a positive integer, got {value!r}")
+            raise FingerprintError(f"{source}: {key} must be a positive integer, got {value!r:.80}")
         return value
 
     archs = cfg.get("architectures")
     architecture = archs[0] if isinstance(archs, list) and archs else cfg.get("model_type")
     if not isinstance(architecture, str):
-        raise FingerprintError("config.json names neither architectures nor model_type")
+        raise FingerprintError(f"{source} names neither architectures nor model_type")
     hidden, heads = need("hidden_size"), need("num_attention_heads")
     kv_heads = need("num_key_value_heads") if cfg.get("num_key_value_heads") else heads
     if cfg.get("head_dim") is not None:
@@ -136,11 +137,9 @@ def fingerprint_from_config(cfg: dict[str, Any]) -> ArchFingerprint:
     elif hidden % heads == 0:
         head_dim = hidden // heads
     else:
-        raise FingerprintError(
-            f"config.json: hidden_size {hidden} is not divisible by {heads} heads"
-        )
+        raise FingerprintError(f"{source}: hidden_size {hidden} is not divisible by {heads} heads")
     if heads % kv_heads:
-        raise FingerprintError(f"config.json: {heads} heads do not group into {kv_heads} KV heads")
+        raise FingerprintError(f"{source}: {heads} heads do not group into {kv_heads} KV heads")
     return ArchFingerprint(
         architecture=architecture,
         num_layers=need("num_hidden_layers"),

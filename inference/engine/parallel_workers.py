@@ -8,14 +8,13 @@ once, kept in its own host cache), so each rank loads an adapter once and holds 
 
 Nothing hangs on a lost rank: a watchdog thread in rank 0 notices a worker that exited and
 fails the engine (its requests end with RankFailedError, readiness turns false); a
-collective with a silent rank fails after the group's timeout (group.py); a worker whose
-rank 0 went away sees its pipe close and exits.
+collective with a silent rank fails after the group's timeout (parallel/group.py); a worker
+whose rank 0 went away sees its pipe close and exits.
 """
 
 import contextlib
 import copy
 import dataclasses
-import json
 import logging
 import multiprocessing
 import os
@@ -27,18 +26,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
-from ..config import EngineConfig
-from ..errors import ConfigError
-from ..model.context import ForwardContext, PagedStep
-from ..request import LoRARequest
-from .group import free_address, join_group, leave_group
-
-if TYPE_CHECKING:
-    from ..lora.slots import HostAdapter, LoRASlots
+from .config import EngineConfig
+from .errors import ConfigError
+from .lora.loader import load_host_adapter
+from .lora.slots import HostAdapter, LoRASlots
+from .model.context import ForwardContext, PagedStep
+from .model_inputs import ForwardInputs
+from .parallel.group import free_address, join_group, leave_group
+from .request import LoRARequest
 
 logger = logging.getLogger(__name__)
 
@@ -59,16 +58,26 @@ class RankFailedError(RuntimeError):
 
 @dataclass
 class StepInputs:
-    """What every rank needs to run rank 0's step: the fed tokens, the batch's context (on
-    the CPU, without its LoRA fields, which each rank builds), the rows whose logits are
-    computed, each token's adapter slot, and the slot writes since the last step."""
+    """What every rank needs to run rank 0's step: its forward's inputs (the context on the
+    CPU, without its LoRA fields, which each rank builds) and the slot writes since the last
+    step."""
 
-    input_ids: list[int]
-    positions: list[int]
-    rows: list[int]
-    lora_slots: list[int]
-    ctx: ForwardContext
+    forward: ForwardInputs
     writes: list[SlotWrite]
+
+
+class Follower(Protocol):
+    """A worker's runner (model_runner.ModelRunner): its adapter slots, and its step."""
+
+    @property
+    def lora_slots(self) -> LoRASlots | None: ...
+
+    def follow(self, inputs: StepInputs) -> None: ...
+
+
+# Builds a worker's runner from (config, rank): the runner class, passed in by rank 0's
+# runner so that this module need not import it; it reaches the worker pickled by name.
+MakeFollower = Callable[[EngineConfig, int], Follower]
 
 
 def process_name(rank: int) -> str:
@@ -107,7 +116,7 @@ def _move(value: Any, device: torch.device) -> Any:
 class Workers:
     """Rank 0's handle on the other ranks: started and joined to the group on creation."""
 
-    def __init__(self, config: EngineConfig):
+    def __init__(self, config: EngineConfig, make_follower: MakeFollower):
         if torch.distributed.is_initialized():
             raise ConfigError(
                 "this process already hosts a tensor-parallel engine (or another "
@@ -123,7 +132,7 @@ class Workers:
             ours, theirs = context.Pipe()
             process = context.Process(
                 target=worker_main,
-                args=(config, rank, address, theirs),
+                args=(config, rank, address, theirs, make_follower),
                 name=process_name(rank),
                 daemon=True,
             )
@@ -205,12 +214,8 @@ class Workers:
 class WorkerAdapters:
     """A worker's host copies of adapters, by adapter id, least recently used evicted."""
 
-    def __init__(self, slots: "LoRASlots", config: EngineConfig):
-        from ..lora.peft_rules import fingerprint_from_config
-
-        raw = json.loads((Path(config.model) / "config.json").read_text())
-        served = {"architectures": [config.model_config.architecture]}
-        self.fingerprint = fingerprint_from_config(raw | served)
+    def __init__(self, slots: LoRASlots, config: EngineConfig):
+        self.fingerprint = config.model_config.fingerprint
         self.slots = slots
         self.capacity = config.max_cpu_loras or 1
         self.pin = slots.device.type == "cuda"
@@ -223,20 +228,10 @@ class WorkerAdapters:
             else:
                 self.slots.write(slot, self.host_copy(*write))
 
-    def host_copy(self, request: LoRARequest, path: str) -> "HostAdapter":
-        from ..lora.peft_rules import load_adapter
-        from ..lora.slots import HostAdapter
-
+    def host_copy(self, request: LoRARequest, path: str) -> HostAdapter:
         adapter = self.cache.get(request.adapter_id)
         if adapter is None:
-            spec, tensors = load_adapter(
-                path,
-                self.fingerprint,
-                max_lora_rank=self.slots.max_rank,
-                max_saved_params=self.slots.max_saved_params,
-            )
-            row, extras = self.slots.pack(spec, tensors, pin=self.pin)
-            adapter = HostAdapter(request, spec, row, path, extras)
+            adapter = load_host_adapter(self.slots, request, path, self.fingerprint, pin=self.pin)
             self.cache[request.adapter_id] = adapter
             while len(self.cache) > self.capacity:
                 self.cache.popitem(last=False)
@@ -244,11 +239,11 @@ class WorkerAdapters:
         return adapter
 
 
-def worker_main(config: EngineConfig, rank: int, address: str, pipe: Connection) -> None:
+def worker_main(
+    config: EngineConfig, rank: int, address: str, pipe: Connection, make_follower: MakeFollower
+) -> None:
     """A worker process: join the group, build this rank's shard, then run every step rank 0
     sends until it sends an empty message or its pipe closes."""
-    from ..model_runner import ModelRunner
-
     with contextlib.suppress(OSError):  # Linux; elsewhere the OS keeps calling it python
         Path("/proc/self/comm").write_text(process_name(rank))
     config = copy.copy(config)
@@ -258,7 +253,7 @@ def worker_main(config: EngineConfig, rank: int, address: str, pipe: Connection)
         torch.cuda.set_device(device)
     join_group(address, rank, config.tensor_parallel_size, device)
     try:
-        runner = ModelRunner(config, rank=rank)
+        runner = make_follower(config, rank)
         adapters = WorkerAdapters(runner.lora_slots, config) if runner.lora_slots else None
         while True:
             try:

@@ -1,0 +1,242 @@
+"""A scheduled batch as the model takes it: one flat row per fed token (prefill chunks, then
+decodes) with its position, KV slot and adapter slot, the block tables attention reads, and
+which hidden rows become logits."""
+
+import itertools
+from collections.abc import Sequence as SequenceOf
+from dataclasses import dataclass, field
+
+import torch
+
+from .config import EngineConfig
+from .cuda_graphs import DecodeRows
+from .model.context import ForwardContext, PagedStep
+from .model.rotary import uses_long_factors
+from .scheduler import ScheduledBatch
+from .sequence import Sequence
+
+
+@dataclass
+class ForwardInputs:
+    """One forward pass, flat over the batch: what every rank of a sharded model runs."""
+
+    ctx: ForwardContext
+    input_ids: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    rows: list[int] = field(default_factory=list)  # hidden rows to turn into logits
+    lora_slots: list[int] = field(default_factory=list)  # each fed token's adapter slot
+
+
+@dataclass
+class BatchInputs:
+    """A batch's forward inputs, and which of their logits rows go where."""
+
+    forward: ForwardInputs
+    samplers: list[Sequence] = field(default_factory=list)  # sequences that sample a token
+    sample_at: list[int] = field(default_factory=list)  # where in `rows` each sampler's row is
+    # (seq, position, first row, rows) of the prompt logprobs a chunk computes
+    prompt_spans: list[tuple[Sequence, int, int, int]] = field(default_factory=list)
+
+
+class InputBuilder:
+    """Builds each step's inputs, and keeps the CPU decode buffers' state from step to step."""
+
+    def __init__(
+        self, config: EngineConfig, device: torch.device, kv_block_bytes: int, num_blocks: int
+    ):
+        assert config.max_model_len is not None  # resolved by EngineConfig
+        self.max_model_len = config.max_model_len
+        self.block_size = config.block_size
+        self.device = device
+        self.dtype = config.torch_dtype
+        self.longrope_original = config.model_config.longrope_original
+        self.paged = config.attention_backend == "triton"  # the Triton paged-attention kernels
+        self.token_bytes = kv_block_bytes // self.block_size
+        # Decode attention may keep a padded copy of the running batch's keys and values
+        # (see Attention.decode_kv), at most as large as the cache itself. Not on CUDA: there
+        # the cache already fills the memory, and a paged-attention kernel is the way.
+        self.decode_buffer_bytes = num_blocks * kv_block_bytes if device.type == "cpu" else 0
+        self.decode_buffer_headroom = 64  # tokens to grow by before the buffers are rebuilt
+        self._last_decode: list[tuple[Sequence, int]] = []  # (sequence, length) of the last decode
+        self._buffer_len = 0
+
+    def build(self, batch: ScheduledBatch) -> BatchInputs:
+        """An eager step's inputs: the prefill chunks, then the decodes."""
+        step = BatchInputs(ForwardInputs(ForwardContext(slot_mapping=self.tensor([]))))
+        slots: list[int] = []
+        if self.paged:
+            step.forward.ctx.paged = self._paged_prefill(batch.prefills)
+        for seq, n in batch.prefills:
+            self._add_prefill(step, slots, seq, n)
+        if batch.decodes:
+            self._add_decodes(step, slots, batch.decodes)
+        else:
+            self._last_decode = []  # the next decode batch is new
+        step.forward.ctx.slot_mapping = self.tensor(slots)
+        return step
+
+    def decode_rows(self, seqs: list[Sequence]) -> DecodeRows:
+        """A decode step's inputs as the graphs take them, in the sequences' order."""
+        return DecodeRows(
+            token_ids=[seq.last_token_id for seq in seqs],
+            positions=[self.positions(seq, len(seq) - 1, 1)[0] for seq in seqs],
+            slots=[self.slot(seq, len(seq) - 1) for seq in seqs],
+            lora_slots=[seq.lora_slot for seq in seqs],
+            tables=[seq.block_table for seq in seqs],
+            context_lens=[len(seq) for seq in seqs],
+        )
+
+    def positions(self, seq: Sequence, start: int, n: int) -> range:
+        """The rotary table rows of a sequence's tokens start..start+n-1: their positions,
+        past the short half of a LongRoPE table once the sequence rotates with the long
+        factors (block_manager.long_rope)."""
+        if uses_long_factors(len(seq), self.longrope_original):
+            start += self.max_model_len
+        return range(start, start + n)
+
+    def slot(self, seq: Sequence, position: int) -> int:
+        """The KV-cache slot a sequence's token at `position` is written to."""
+        return (
+            seq.block_table[position // self.block_size] * self.block_size
+            + position % self.block_size
+        )
+
+    def tensor(
+        self,
+        values: SequenceOf[int] | SequenceOf[SequenceOf[int]],
+        dtype: torch.dtype = torch.long,
+    ) -> torch.Tensor:
+        return torch.tensor(values, dtype=dtype, device=self.device)
+
+    def _add_prefill(self, step: BatchInputs, slots: list[int], seq: Sequence, n: int) -> None:
+        """A chunk of n tokens from the sequence's first uncomputed one, and the rows of its
+        logits: prompt logprobs' if asked for, the last token's if the prompt ends here."""
+        fwd, ctx = step.forward, step.forward.ctx
+        start, row = seq.num_computed_tokens, len(fwd.input_ids)
+        fwd.input_ids.extend(seq.token_ids[start : start + n])
+        fwd.positions.extend(self.positions(seq, start, n))
+        slots.extend(self.slot(seq, i) for i in range(start, start + n))
+        fwd.lora_slots.extend([seq.lora_slot] * n)
+        ctx.cu_seqlens.append(ctx.cu_seqlens[-1] + n)
+        ctx.context_starts.append(start)
+        ctx.prefill_block_tables.append(
+            self.tensor(seq.block_table[: -(-(start + n) // self.block_size)])
+            if start and not self.paged
+            else None
+        )
+        first, wanted = _prompt_positions(seq, start, n)
+        if wanted:
+            step.prompt_spans.append((seq, first, len(fwd.rows), wanted))
+            fwd.rows.extend(range(row + first - start, row + first - start + wanted))
+        if start + n == len(seq):
+            step.samplers.append(seq)
+            step.sample_at.append(len(fwd.rows))
+            fwd.rows.append(row + n - 1)
+
+    def _add_decodes(self, step: BatchInputs, slots: list[int], seqs: list[Sequence]) -> None:
+        """The newest token of each decoding sequence, fed longest first."""
+        fwd = step.forward
+        decode_rows = self._prepare_decode(seqs, fwd.ctx, len(fwd.input_ids))
+        order = sorted(range(len(seqs)), key=lambda i: decode_rows[i])
+        decodes = [seqs[i] for i in order]
+        fwd.input_ids.extend(seq.last_token_id for seq in decodes)
+        for seq in decodes:
+            fwd.positions.extend(self.positions(seq, len(seq) - 1, 1))
+        slots.extend(self.slot(seq, len(seq) - 1) for seq in decodes)
+        fwd.lora_slots.extend(seq.lora_slot for seq in decodes)
+        step.samplers.extend(seqs)
+        step.sample_at.extend(range(len(fwd.rows), len(fwd.rows) + len(decode_rows)))
+        fwd.rows.extend(decode_rows)
+
+    def _prepare_decode(self, seqs: list[Sequence], ctx: ForwardContext, offset: int) -> list[int]:
+        """Set up the decode part of a step: the newest token of each sequence, attending over
+        all the sequence's blocks. The part runs longest first, so sequences of similar length
+        can attend as one group without reading the padding of much longer ones. Returns each
+        sequence's row in the step (`offset` is where the part starts)."""
+        order = sorted(range(len(seqs)), key=lambda i: -len(seqs[i]))
+        rows = [0] * len(seqs)
+        for row, i in enumerate(order):
+            rows[i] = offset + row
+        seqs = [seqs[i] for i in order]
+        lengths = [len(seq) for seq in seqs]
+        tables = _padded_tables([seq.block_table for seq in seqs])
+        if ctx.paged is not None:
+            ctx.paged.decode_tables = self.tensor(tables, torch.int32)
+            ctx.paged.context_lens = self.tensor(lengths, torch.int32)
+            ctx.block_tables = ctx.paged.decode_tables  # marks the step as having decodes
+            return rows
+        ctx.decode_buffer_len, ctx.refresh_decode_buffers = self._decode_buffers(seqs)
+        ctx.block_tables = self.tensor(tables)
+        ctx.context_lens = self.tensor(lengths)
+        ctx.decode_groups = self._decode_groups(lengths)
+        return rows
+
+    def _paged_prefill(self, prefills: list[tuple[Sequence, int]]) -> PagedStep:
+        """The prefill chunks' tables and bounds as the paged kernels read them."""
+        step = PagedStep()
+        if not prefills:
+            return step
+        starts = [seq.num_computed_tokens for seq, _ in prefills]
+        step.prefill_tables = self.tensor(
+            _padded_tables([seq.block_table for seq, _ in prefills]), torch.int32
+        )
+        step.cu_seqlens_q = self.tensor(
+            [0, *itertools.accumulate(n for _, n in prefills)], torch.int32
+        )
+        step.context_starts = self.tensor(starts, torch.int32)
+        step.max_query_len = max(n for _, n in prefills)
+        return step
+
+    def _decode_groups(self, lengths: list[int]) -> list[tuple[int, int, torch.Tensor]]:
+        """Rows (longest first) that attend in one call, each group with its additive mask."""
+        span = torch.arange(lengths[0], device=self.device)
+        hidden = span[None, :] >= self.tensor(lengths)[:, None]  # beyond a row's own tokens
+        mask = torch.zeros(hidden.shape, dtype=self.dtype, device=self.device)
+        mask = mask.masked_fill_(hidden, float("-inf"))[:, None, None, :]
+        return [(s, e, mask[s:e, :, :, :width]) for s, e, width in _length_groups(lengths)]
+
+    def _decode_buffers(self, seqs: list[Sequence]) -> tuple[int | None, bool]:
+        """(length of the decode buffers or None for none, whether to rebuild them). They are
+        kept while the batch is the previous decode batch, each sequence one token longer."""
+        previous, self._last_decode = self._last_decode, [(seq, len(seq)) for seq in seqs]
+        longest = max(len(seq) for seq in seqs)
+        same_batch = len(previous) == len(seqs) and all(
+            seq is old and len(seq) == n + 1 for seq, (old, n) in zip(seqs, previous, strict=True)
+        )
+        if same_batch and longest <= self._buffer_len:
+            return self._buffer_len, False
+        # room to grow for a while before the next rebuild
+        self._buffer_len = (
+            -(-(longest + self.decode_buffer_headroom) // self.block_size) * self.block_size
+        )
+        if len(seqs) * self._buffer_len * self.token_bytes > self.decode_buffer_bytes:
+            self._last_decode = []
+            return None, True
+        return self._buffer_len, True
+
+
+def _prompt_positions(seq: Sequence, start: int, n: int) -> tuple[int, int]:
+    """(first, count) of the positions in a chunk whose logits give a prompt token its
+    logprob and have not yet (a recomputed sequence keeps those it has); none unless the
+    sequence asked for prompt logprobs."""
+    if seq.params.prompt_logprobs is None:
+        return start, 0
+    first = max(start, len(seq.prompt_logprobs) - 1)
+    return first, max(0, min(start + n, seq.num_prompt_tokens - 1) - first)
+
+
+def _length_groups(lengths: list[int], max_groups: int = 4) -> list[tuple[int, int, int]]:
+    """Split rows sorted by length (longest first) into (start, end, width) groups, starting
+    a new group where a sequence is under 3/4 of its group's longest."""
+    groups = [(0, lengths[0])]  # (start, width)
+    for row, n in enumerate(lengths):
+        if n * 4 < groups[-1][1] * 3 and len(groups) < max_groups:
+            groups.append((row, n))
+    ends = [start for start, _ in groups[1:]] + [len(lengths)]
+    return [(start, end, width) for (start, width), end in zip(groups, ends, strict=True)]
+
+
+def _padded_tables(tables: list[list[int]]) -> list[list[int]]:
+    """Block tables as one rectangle, short rows padded with block 0 (never read)."""
+    width = max(len(table) for table in tables)
+    return [table + [0] * (width - len(table)) for table in tables]
