@@ -1,5 +1,6 @@
 # Two commands: `make run` (the platform on the embedded default) and `make test`
-# (`make lint`: ruff check, ruff format --check, mypy; then pytest).
+# (`make lint`: ruff check, ruff format --check, the import contracts (.importlinter), mypy;
+# then pytest).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -32,6 +33,7 @@ test: $(DEV_STAMP) lint
 lint: $(DEV_STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports --no-cache
 	$(VENV)/bin/mypy .
 
 format: $(DEV_STAMP)

@@ -2,13 +2,14 @@
 
 from django.db import models
 
-from tenants.models import Tenant
-
 
 class AuditEvent(models.Model):
     """One change that matters to a tenant. Append-only: written by `audit_record`, never edited."""
 
-    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="audit_events")
+    # By name: tenants records its changes here, so audit cannot import it.
+    tenant = models.ForeignKey(
+        "tenants.Tenant", on_delete=models.CASCADE, related_name="audit_events"
+    )
     actor = models.CharField(max_length=100, help_text="user:<name>, key:<prefix> or system:<part>")
     verb = models.CharField(max_length=64)
     object_type = models.CharField(max_length=32)

@@ -17,9 +17,9 @@ max(max_model_len, 2048)). Both get the same requests at once and step in turn, 
 each (which one goes first alternates by repetition); every step is timed on its own
 engine's clock and every token stamped with that clock, so gaps and TTFT are each
 engine's own, and load from elsewhere on this shared machine falls on both alike. Figures
-are medians over the repetitions (each repetition's own ratios are listed too). --profile adds, per engine, where the prefill steps'
-time goes (torch profiler, self CPU time by op group); the decode-only step time of the
-same streams is always reported for comparison.
+are medians over the repetitions (each repetition's own ratios are listed too). --profile
+adds, per engine, where the prefill steps' time goes (torch profiler, self CPU time by op
+group); the decode-only step time of the same streams is always reported for comparison.
 Goals: stall chunked / unchunked <= 0.25; long TTFT chunked / unchunked <= 1.3.
 The last line is one JSON object of the figures.
 """

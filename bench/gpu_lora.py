@@ -6,7 +6,7 @@ engine makes) on each kernel path, compares it with the base matmuls of the same
 checks the Triton result against the torch reference. Needs only torch and triton.
 
     python bench/gpu_lora.py              # CUDA: bf16, CUDA events, warmup
-    python bench/gpu_lora.py --interpret  # CPU: tiny shapes under TRITON_INTERPRET, to prove it runs
+    python bench/gpu_lora.py --interpret  # CPU: tiny shapes under TRITON_INTERPRET
 
 The last line printed is one JSON object with every figure.
 """
@@ -169,7 +169,8 @@ def bench_case(layer: Layer, n_tok: int, distinct: int, timers) -> list[dict]:
         graph = (
             ""
             if graph_ratio is None
-            else f"  graphs: lora {lora_graph_ms:.4f} base {base_graph_ms:.4f} ms ratio {graph_ratio:.3f}"
+            else f"  graphs: lora {lora_graph_ms:.4f} base {base_graph_ms:.4f} ms "
+            f"ratio {graph_ratio:.3f}"
         )
         print(
             f"T={n_tok:4d} adapters={distinct:3d} {row['path']:10s} lora {lora_ms:8.3f} ms"

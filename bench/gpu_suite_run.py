@@ -185,8 +185,16 @@ class Suite:
             rows = []
             for batch in p.batches:
                 try:
-                    rows.append(engine_decode(self.base_engine, batch, p.prompt_len,
-                                              p.warm_steps, p.decode_steps, seed=batch))  # fmt: skip
+                    rows.append(
+                        engine_decode(
+                            self.base_engine,
+                            batch,
+                            p.prompt_len,
+                            p.warm_steps,
+                            p.decode_steps,
+                            seed=batch,
+                        )
+                    )
                 except Exception as error:  # one batch size failing leaves the others
                     rows.append({"batch": batch, "error": f"{type(error).__name__}: {error}"})
             self.decode_rows[mode] = rows
@@ -247,8 +255,14 @@ class Suite:
         if self.folder is None or not self.adapters:
             raise Needs("serving_model", self.budget)
         p, n = self.profile, len(self.adapters)
-        self.lora_engine = self._engine(self.folder, enable_lora=True, max_loras=n,
-                                        max_cpu_loras=n, max_lora_rank=16, max_num_seqs=n)  # fmt: skip
+        self.lora_engine = self._engine(
+            self.folder,
+            enable_lora=True,
+            max_loras=n,
+            max_cpu_loras=n,
+            max_lora_rank=16,
+            max_num_seqs=n,
+        )
         figures = lora_batch_figures(
             self.lora_engine, self.adapters, p.prompt_len, p.warm_steps, p.decode_steps
         )

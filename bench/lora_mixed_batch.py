@@ -10,7 +10,8 @@ alternating too; each run times prefill and decode, wall clock. The machine is s
 besides the ratio of the totals the median of the per-round ratios is reported (a burst of
 load from elsewhere skews one round, not the median).
 PEFT runs `generate(..., adapter_names=[...])` three times on a left-padded batch of the
-same prompts; its median run is compared with the engine's median LoRA round. Goals: LoRA >= 0.85 of base tokens/s; >= 2x PEFT. The last line is one JSON object.
+same prompts; its median run is compared with the engine's median LoRA round. Goals: LoRA
+>= 0.85 of base tokens/s; >= 2x PEFT. The last line is one JSON object.
 """
 
 import json
@@ -123,8 +124,10 @@ def main():
         figures["identical_to_peft"] = sum(
             a == b for a, b in zip(lora_tokens, peft_tokens, strict=True)
         )
-        print(f"PEFT mixed batch: {figures['peft_tok_s']} tok/s; engine is "
-              f"{figures['lora_vs_peft']}x; {figures['identical_to_peft']}/{N} outputs identical")  # fmt: skip
+        print(
+            f"PEFT mixed batch: {figures['peft_tok_s']} tok/s; engine is "
+            f"{figures['lora_vs_peft']}x; {figures['identical_to_peft']}/{N} outputs identical"
+        )
     print(json.dumps(figures))
 
 

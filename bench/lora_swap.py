@@ -71,9 +71,11 @@ def main():
         "load_max_ms": round(max(load_s) * 1e3, 1),
         "engine_load_histogram_count": engine.stats()["lora_load"]["count"],
     }
-    print(f"swap-in host->slot: p50 {figures['swap_in_p50_ms']} ms, p99 "
-          f"{figures['swap_in_p99_ms']} ms ({figures['adapter_mb']} MB, "
-          f"{figures['swap_in_gb_s']} GB/s); disk->host load p50 {figures['load_p50_ms']} ms")  # fmt: skip
+    print(
+        f"swap-in host->slot: p50 {figures['swap_in_p50_ms']} ms, p99 "
+        f"{figures['swap_in_p99_ms']} ms ({figures['adapter_mb']} MB, "
+        f"{figures['swap_in_gb_s']} GB/s); disk->host load p50 {figures['load_p50_ms']} ms"
+    )
     engine.close()
     print(json.dumps(figures))
 

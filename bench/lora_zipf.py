@@ -39,8 +39,10 @@ def run(engine, plan, prompts, params, concurrency) -> tuple[float, list[dict]]:
         while pending and len(in_flight) < concurrency:
             i = pending.popleft()
             records[i] = {"tier": tier_of(engine, plan[i]), "arrival": time.perf_counter()}
-            engine.add_request(EngineRequest(str(i), prompt_token_ids=prompts[i], sampling_params=params,
-                               lora_request=plan[i]))  # fmt: skip
+            request = EngineRequest(
+                str(i), prompt_token_ids=prompts[i], sampling_params=params, lora_request=plan[i]
+            )
+            engine.add_request(request)
             in_flight.add(i)
         outputs = engine.step()
         if not outputs:

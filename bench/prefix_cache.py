@@ -174,7 +174,7 @@ def system_prompt(tokenizer, n_tokens: int, company: str = COMPANY) -> str:
 
 
 def chat_ids(tokenizer, system: str, question: str) -> list[int]:
-    """Token ids as the server makes them for a chat request (inference/generation.py)."""
+    """Token ids as the server makes them for a chat request (inference/openai/serving_chat.py)."""
     messages = [{"role": "system", "content": system}, {"role": "user", "content": question}]
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
     return tokenizer.encode(text, add_special_tokens=False)

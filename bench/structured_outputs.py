@@ -8,12 +8,12 @@ batch unconstrained, side by side in one process; and what a schema costs to com
 temperature 0.8 / top-p 0.95 with its own seed: on one engine unconstrained (eos ignored),
 on a second engine (same model, same settings; the two swap roles each repetition) with a
 JSON schema (an order with at least 12 line items, so every JSON is still open at
---max-tokens and both produce the same number of tokens). The two engines step in turn, one step each, every step timed on its
-own engine's clock, so load from elsewhere on this shared machine falls on both alike;
-tokens/s is generated tokens over the summed step time, per repetition (--repeats, fresh
-requests each time), and the ratio is constrained / unconstrained of the medians. The
-grammar is compiled before the first step (the cache then serves every request, as it
-does in serving once a schema has been seen).
+--max-tokens and both produce the same number of tokens). The two engines step in turn, one
+step each, every step timed on its own engine's clock, so load from elsewhere on this shared
+machine falls on both alike; tokens/s is generated tokens over the summed step time, per
+repetition (--repeats, fresh requests each time), and the ratio is constrained /
+unconstrained of the medians. The grammar is compiled before the first step (the cache then
+serves every request, as it does in serving once a schema has been seen).
 
 The grammar's own cost per constrained step is timed too (filling and applying the token
 masks of the batch, and advancing its matchers), so the ratio on a quieter machine, whose

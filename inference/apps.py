@@ -8,10 +8,13 @@ class InferenceConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self):
+        from platform_site.error_translations import register_translations
         from registry.metrics import EvaluationCollector
 
-        from .engine_host import HOST
+        from .errors import ENGINE_ERRORS
+        from .host.engine_host import HOST
         from .metrics import REGISTRY, EngineCollector
 
+        register_translations(ENGINE_ERRORS)
         REGISTRY.register(EngineCollector(HOST.stats))
         REGISTRY.register(EvaluationCollector())  # the quality gate's, from the database

@@ -11,7 +11,8 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from django.middleware.csrf import CsrfViewMiddleware
 
-from tenants.keyauth import CsrfFailed, InsufficientScope, api_key_from_header
+from platform_site.errors import CsrfFailed
+from tenants.keyauth import InsufficientScope, api_key_from_header
 from tenants.principal import SESSION_TENANT, TENANT_HEADER, Principal, principal_for
 from tenants.scopes import INFERENCE
 from tenants.services import api_key_touch

@@ -1,10 +1,17 @@
-"""Why the serving layer refuses a request: one ApiError class per code.
+"""Why the serving layer refuses a request: one ApiError class per code, and how the
+engine's own, Django-free refusals (inference/engine/errors.py) answer.
 
 Raised where the input enters (parsing, limits, model resolution, the engine host) and
-answered by inference/views.py through platform_site/error_responses.py, which also maps
-the engine's own, Django-free exceptions (inference/engine/errors.py).
+answered by the views' json_endpoint through platform_site/error_responses.py.
 """
 
+from inference.engine.errors import (
+    AdapterLoadError,
+    EngineError,
+    EngineStoppedError,
+    PromptTooLongError,
+)
+from platform_site.error_translations import Translation
 from platform_site.errors import ApiError
 
 
@@ -80,3 +87,13 @@ class MetricsTokenRequired(ApiError, status=401, code="metrics_token_required"):
     def __init__(self, message: str | None = None, **kwargs):
         super().__init__(message, **kwargs)
         self.headers.setdefault("WWW-Authenticate", 'Bearer realm="loraplex"')
+
+
+# The engine imports nothing from Django, so its refusals become API errors here (registered
+# by InferenceConfig); one that names its field (InvalidMessagesError) names it.
+ENGINE_ERRORS = {
+    PromptTooLongError: Translation(ContextLengthExceeded, param="messages"),
+    AdapterLoadError: Translation(AdapterUnavailable),
+    EngineStoppedError: Translation(EngineUnavailable),
+    EngineError: Translation(ApiError),
+}

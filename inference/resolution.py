@@ -13,8 +13,8 @@ from django.http import Http404
 
 from registry.errors import NotServable
 from registry.model_names import parse_model_name, version_name
-from registry.models import BaseModel
-from registry.selectors import adapter_version_resolve
+from registry.selectors import adapter_version_resolve, base_model_find
+from registry.staging import is_staged, version_dir
 
 from .errors import BaseModelUnavailable, ModelNotFound, ModelNotServable
 
@@ -34,7 +34,7 @@ def lora_request_for(version):
     """Built here, in sync code: it reads the version's adapter and tenant rows."""
     from inference.engine import LoRARequest
 
-    # Already in this replica's local cache (staged in the background: inference/prefetch.py):
+    # Already in this replica's local cache (staged in the background: host/prefetch.py):
     # the engine reads it from disk. Else path None: the engine asks its loader, which
     # stages the version from object storage first.
     return LoRARequest(
@@ -43,8 +43,6 @@ def lora_request_for(version):
 
 
 def staged_folder(version) -> str | None:
-    from registry.staging import is_staged, version_dir
-
     return str(version_dir(version)) if is_staged(version) else None
 
 
@@ -63,7 +61,7 @@ def resolve_model(
             tenant=tenant, adapter_name=ref.adapter, alias=ref.alias, number=ref.number, roll=roll
         )
     except Http404:
-        if BaseModel.objects.filter(name=name).exists():  # another replica's base model
+        if base_model_find(name=name) is not None:  # another replica's base model
             raise _elsewhere(name, name, base_model_name, param) from None
         raise ModelNotFound(name, param=param) from None
     except NotServable as exc:

@@ -8,26 +8,40 @@ counted as it arrives and cut at the limit; a body that stops arriving for
 LORAPLEX_BODY_TIMEOUT_SECONDS is cut too. Each refusal is a JSON answer in OpenAI's
 shape that closes the connection, so the rest of the body is never read.
 
-The adapter upload (multipart POST to the versions endpoint) may carry the adapter limit
-plus its config; every other request takes LORAPLEX_MAX_REQUEST_BYTES.
+Every request takes LORAPLEX_MAX_REQUEST_BYTES, except the multipart routes an app
+registers a limit of its own for (`register_route_limits`: the registry's uploads).
 """
 
 import asyncio
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from django.conf import settings
 from django.urls import Resolver404, resolve
 
 from platform_site.error_responses import error_body
 from platform_site.errors import ApiError, RequestTimeout, RequestTooLarge
-from registry.errors import UploadTooLarge
-from registry.uploads import MULTIPART_OVERHEAD, limits
 
-UPLOAD_ROUTE = "registry-versions"
-EVAL_SET_ROUTE = "registry-eval-set"
 # (the declared size or None while counting, the limit) -> the refusal to answer
 Refusal = Callable[[int | None, int], ApiError]
+
+
+@dataclass(frozen=True)
+class RouteLimit:
+    """A multipart body's own limit on one route (its URL name), for one method."""
+
+    method: str
+    limit: Callable[[], int]  # bytes, read from the settings when a request arrives
+    refuse: Refusal
+
+
+ROUTE_LIMITS: dict[str, RouteLimit] = {}
+
+
+def register_route_limits(table: dict[str, RouteLimit]) -> None:
+    """Called from an app's AppConfig.ready()."""
+    ROUTE_LIMITS.update(table)
 
 
 class BodyRefused(Exception):
@@ -59,36 +73,22 @@ class BodyLimits:
 
 def route_limit(scope) -> tuple[int, Refusal]:
     """(bytes, how to refuse more) for this request."""
-    if scope["method"] == "POST" and _is_multipart(scope) and _route(scope) == UPLOAD_ROUTE:
-        return sum(limits().values()) + MULTIPART_OVERHEAD, _upload_too_large
-    if scope["method"] == "PUT" and _is_multipart(scope) and _route(scope) == EVAL_SET_ROUTE:
-        return settings.EVAL_MAX_BYTES + MULTIPART_OVERHEAD, _eval_set_too_large
+    if _is_multipart(scope):
+        own = ROUTE_LIMITS.get(_route(scope) or "")
+        if own is not None and own.method == scope["method"]:
+            return own.limit(), own.refuse
     return settings.MAX_REQUEST_BYTES, _request_too_large
 
 
 def _request_too_large(size: int | None, limit: int) -> ApiError:
     return RequestTooLarge(
-        f"The request body {_size(size, limit)}; this server accepts at most {limit} bytes "
-        f"(LORAPLEX_MAX_REQUEST_BYTES)."
+        f"The request body {described_size(size, limit)}; this server accepts at most {limit} "
+        "bytes (LORAPLEX_MAX_REQUEST_BYTES)."
     )
 
 
-def _upload_too_large(size: int | None, limit: int) -> ApiError:
-    return UploadTooLarge(
-        f"The upload {_size(size, limit)}; this deployment accepts adapters up to "
-        f"{settings.MAX_ADAPTER_BYTES} bytes of weights ({limit} bytes with the config and "
-        f"an eval set of up to {settings.EVAL_MAX_BYTES} bytes)."
-    )
-
-
-def _eval_set_too_large(size: int | None, limit: int) -> ApiError:
-    return UploadTooLarge(
-        f"The upload {_size(size, limit)}; eval sets may hold up to {settings.EVAL_MAX_BYTES} "
-        f"bytes (LORAPLEX_EVAL_MAX_BYTES)."
-    )
-
-
-def _size(size: int | None, limit: int) -> str:
+def described_size(size: int | None, limit: int) -> str:
+    """`is 5000 bytes` when declared, `passed 4096 bytes` when counted."""
     return f"is {size} bytes" if size is not None else f"passed {limit} bytes"
 
 

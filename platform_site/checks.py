@@ -50,7 +50,8 @@ def production_secrets(app_configs, **kwargs) -> list[Error]:
     if settings.METRICS_TOKEN and settings.METRICS_TOKEN in others:
         errors.append(
             Error(
-                "LORAPLEX_METRICS_TOKEN repeats another secret; Prometheus' configuration holds it.",
+                "LORAPLEX_METRICS_TOKEN repeats another secret; Prometheus' configuration holds "
+                "it.",
                 hint="Give the metrics token a value of its own.",
                 id="loraplex.E005",
             )
@@ -97,7 +98,7 @@ COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 
 @register()
 def max_tokens_limits(app_configs, **kwargs) -> list[Error]:
-    """The max_tokens default and cap (inference/max_tokens.py): 0 turns either off."""
+    """The max_tokens default and cap (inference/openai/max_tokens.py): 0 turns either off."""
     errors = []
     for variable, value in (
         ("LORAPLEX_DEFAULT_MAX_TOKENS", settings.DEFAULT_MAX_TOKENS),

@@ -1,11 +1,11 @@
 """Django's own error answers (handler400/403/404/500, the CSRF failure view): JSON in OpenAI's
 error shape on the API paths, the web's HTML pages everywhere else.
 
-A view under /v1/ or /api/ answers its own errors (inference/views.py, DRF's exception
-handler); these answer what happens outside any view: no route matches, a middleware refuses
-the request (a bad Host header, a CSRF failure) or fails. Registered in platform_site/urls.py
-and settings.CSRF_FAILURE_VIEW. With DEBUG on, Django shows its debug pages instead (never in
-production: platform_site/checks.py).
+A view under /v1/ or /api/ answers its own errors (the serving layer's json_endpoint, DRF's
+exception handler); these answer what happens outside any view: no route matches, a
+middleware refuses the request (a bad Host header, a CSRF failure) or fails. Registered in
+platform_site/urls.py and settings.CSRF_FAILURE_VIEW. With DEBUG on, Django shows its debug
+pages instead (never in production: platform_site/checks.py).
 """
 
 import sys
@@ -13,11 +13,9 @@ import sys
 from django.urls import Resolver404, is_valid_path
 from django.views import csrf, defaults
 
-from tenants.keyauth import CsrfFailed
-
 from .api_paths import is_api_path
 from .error_responses import json_error_response
-from .errors import InternalError, UnknownPath
+from .errors import CsrfFailed, InternalError, UnknownPath
 
 _SHOWN_PATH_CHARS = 200  # an unknown path is echoed back, but not a megabyte of it
 

@@ -1,6 +1,7 @@
 """Every exception becomes one ApiError, and every ApiError one answer: OpenAI's error shape.
 
-`to_api_error` is the one mapping every transport shares: the DRF views answer through
+`to_api_error` is the one mapping every transport shares (each app registers how its own
+exceptions answer: error_translations.py): the DRF views answer through
 `openai_exception_handler` (settings.REST_FRAMEWORK's EXCEPTION_HANDLER), the async /v1
 views through `json_error_response`, and what no view answers (an unknown path, a failing
 middleware) through Django's error handlers (platform_site/error_pages.py). Anything
@@ -19,11 +20,8 @@ from django.http import Http404, JsonResponse
 from rest_framework import exceptions as drf
 from rest_framework.views import set_rollback
 
-from inference import errors as inference_errors
-from inference.engine import AdapterLoadError, EngineError, EngineStoppedError, PromptTooLongError
-from tenants.keyauth import NO_CREDENTIALS, InvalidApiKey, MissingApiKey
-
 from . import errors
+from .error_translations import REGISTERED, Translation
 
 logger = logging.getLogger(__name__)
 
@@ -37,42 +35,33 @@ _TYPE_BY_STATUS = {
     429: "rate_limit_error",
 }
 
-# The engine imports nothing from Django, so its refusals become API errors here:
-# engine exception class -> (ApiError class, the request field to name). Most specific first.
-ENGINE_ERRORS: dict[type, tuple[type[errors.ApiError], str | None]] = {
-    PromptTooLongError: (inference_errors.ContextLengthExceeded, "messages"),
-    AdapterLoadError: (inference_errors.AdapterUnavailable, None),
-    EngineStoppedError: (inference_errors.EngineUnavailable, None),
-    EngineError: (errors.ApiError, None),
-}
 
-# DRF's (and Django's) own exceptions -> the ApiError class that answers for them.
-DRF_ERRORS = {
-    drf.ValidationError: errors.ApiError,
-    drf.ParseError: errors.UnparseableBody,
-    drf.NotAuthenticated: MissingApiKey,
-    drf.AuthenticationFailed: InvalidApiKey,
-    drf.PermissionDenied: errors.InsufficientPermissions,
-    drf.NotFound: errors.NotFound,
-    drf.MethodNotAllowed: errors.MethodNotAllowed,
-    drf.NotAcceptable: errors.NotAcceptable,
-    drf.UnsupportedMediaType: errors.UnsupportedMediaType,
-    DjangoValidationError: errors.ApiError,
-    DjangoPermissionDenied: errors.InsufficientPermissions,
-    Http404: errors.NotFound,
-    RequestDataTooBig: errors.RequestTooLarge,  # a form field past DATA_UPLOAD_MAX_MEMORY_SIZE
-    BadRequest: errors.ApiError,
-    SuspiciousOperation: errors.ApiError,  # a bad Host header, too many form fields, ...
-}
-# Answered in our words: DRF's NotAuthenticated does not say what to send, and a 404's
-# own text could tell another tenant's object from a missing one.
-_OWN_WORDS = {
-    drf.NotAuthenticated: NO_CREDENTIALS,
-    Http404: "Not found.",
-    DjangoPermissionDenied: "You do not have permission to perform this action.",
-    RequestDataTooBig: "A form field is larger than this server accepts (LORAPLEX_MAX_REQUEST_BYTES).",
+# The frameworks' exceptions; each app registers its own when Django starts it
+# (error_translations.py: the serving layer the engine's, tenants the authentication
+# failures), looked up first.
+FRAMEWORK_TRANSLATIONS: dict[type[BaseException], Translation] = {
+    drf.ValidationError: Translation(errors.ApiError),
+    drf.ParseError: Translation(errors.UnparseableBody),
+    drf.PermissionDenied: Translation(errors.InsufficientPermissions),
+    drf.NotFound: Translation(errors.NotFound),
+    drf.MethodNotAllowed: Translation(errors.MethodNotAllowed),
+    drf.NotAcceptable: Translation(errors.NotAcceptable),
+    drf.UnsupportedMediaType: Translation(errors.UnsupportedMediaType),
+    DjangoValidationError: Translation(errors.ApiError),
+    # A 404's own text could tell another tenant's object from a missing one.
+    DjangoPermissionDenied: Translation(
+        errors.InsufficientPermissions, words="You do not have permission to perform this action."
+    ),
+    Http404: Translation(errors.NotFound, words="Not found."),
+    RequestDataTooBig: Translation(  # a form field past DATA_UPLOAD_MAX_MEMORY_SIZE
+        errors.RequestTooLarge,
+        words="A form field is larger than this server accepts (LORAPLEX_MAX_REQUEST_BYTES).",
+    ),
+    BadRequest: Translation(errors.ApiError),
     # Its details (an unknown Host, the ALLOWED_HOSTS hint) are for the server's log.
-    SuspiciousOperation: "The request was refused as malformed.",
+    SuspiciousOperation: Translation(
+        errors.ApiError, words="The request was refused as malformed."
+    ),
 }
 
 
@@ -80,31 +69,29 @@ def to_api_error(exc: BaseException) -> errors.ApiError:
     if isinstance(exc, errors.ApiError):
         return exc
     for cls in type(exc).__mro__:
-        if cls in ENGINE_ERRORS:
-            api_error, param = ENGINE_ERRORS[cls]
-            return api_error(str(exc), param=param)
-        if cls in DRF_ERRORS:
-            return _from_framework(exc, DRF_ERRORS[cls])
+        translation = REGISTERED.get(cls) or FRAMEWORK_TRANSLATIONS.get(cls)
+        if translation is not None:
+            return _translate(exc, translation)
     if isinstance(exc, drf.APIException) and exc.status_code < 500:
         # A DRF exception the table does not know (Throttled, say): still the caller's.
-        error = _from_framework(exc, errors.ApiError)
+        error = _translate(exc, Translation(errors.ApiError))
         error.status = exc.status_code
         return error
     return _internal_error(exc)
 
 
-def _from_framework(exc: BaseException, api_error: type[errors.ApiError]) -> errors.ApiError:
-    words = next((w for cls, w in _OWN_WORDS.items() if isinstance(exc, cls)), None)
-    if words is not None:
-        return api_error(words)
+def _translate(exc: BaseException, translation: Translation) -> errors.ApiError:
+    if translation.words is not None:
+        return translation.api_error(translation.words, param=translation.param)
     if isinstance(exc, DjangoValidationError):
         detail: object = exc.message_dict if hasattr(exc, "error_dict") else exc.messages
     elif isinstance(exc, drf.APIException):
         detail = exc.detail
-    else:  # Django's BadRequest: its message is for the caller
+    else:  # Django's BadRequest, an app's own exception: its message is for the caller
         detail = str(exc) or errors.ApiError.message
     message, param = _first_problem(detail)
-    return api_error(message, param=param)
+    named = getattr(exc, "param", None)
+    return translation.api_error(message, param=named or param or translation.param)
 
 
 def _first_problem(detail) -> tuple[str, str | None]:

@@ -55,7 +55,12 @@ class MethodNotAllowed(ApiError, status=405, code="method_not_allowed"):
 
 
 class InsufficientPermissions(ApiError, status=403, code="insufficient_permissions"):
-    """Signed in, but not allowed to do this (also a session's failed CSRF check on the REST API)."""
+    """Signed in, but not allowed to do this (also a session's failed CSRF check on the REST
+    API)."""
+
+
+class CsrfFailed(ApiError, status=403, code="csrf_failed"):
+    """A signed-in browser's request without the page's CSRF token."""
 
 
 class UnparseableBody(ApiError, status=400, code="parse_error"):

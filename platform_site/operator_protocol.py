@@ -1,14 +1,9 @@
-"""The operator protocol: what the control plane (registry/engines.py) and each engine's
-operator endpoints (inference/operator.py, inference/urls.py) agree on. Constants only.
+"""The operator protocol: the paths and fields the control plane's client (registry/engines.py)
+and each engine's operator endpoints (inference/operator/) agree on. Constants only.
 
-Shaped like vLLM's adapter endpoints: POST `{"lora_name": "<tenant>/<adapter>[@alias|:n]"}`
-(registry/model_names.py) to load, unload, pin or unpin; load also takes vLLM's `lora_path`
-(a folder or `s3://` prefix registered as the adapter's next version, then loaded) and
-`load_inplace`; any other field is refused. GET the loaded adapters; GET /metrics; POST an
-eval set to score (the quality gate). Engines run in other processes, so
-calls carry `Authorization: Bearer $LORAPLEX_OPERATOR_TOKEN`, and /metrics
-`$LORAPLEX_METRICS_TOKEN` (a staff session with the `registry.operate_engines` permission
-also works when calling an engine directly).
+Here, below both, so that the registry reaches engines without importing the serving layer.
+The endpoints themselves (vLLM's adapter calls, the listing, the quality gate's scoring) are
+described in the OpenAPI schema (inference/operator/openapi.py).
 """
 
 PREFIX = "/v1/"  # where platform_site/urls.py mounts inference/urls.py
@@ -28,8 +23,9 @@ LOAD_INPLACE = "load_inplace"
 NAME_FIELDS = (LORA_NAME,)
 LOAD_FIELDS = (LORA_NAME, LORA_PATH, LOAD_INPLACE)
 
-# The quality gate's scoring call (inference/scoring_api.py): POST {"adapter_version": "<version
-# uid>" | null, "rows": [...]}, answered with each row's and the totals' negative log-likelihood.
+# The quality gate's scoring call (inference/operator/scoring.py): POST {"adapter_version":
+# "<version uid>" | null, "rows": [...]}, answered with each row's and the totals' negative
+# log-likelihood.
 SCORE = "internal/score"
 ADAPTER_VERSION = "adapter_version"
 ROWS = "rows"

@@ -294,7 +294,7 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
 }
 
-# Inference: one engine per `serve` process (see inference/engine_host.py).
+# Inference: one engine per `serve` process (see inference/host/engine_host.py).
 ENGINE_ENABLED = env.bool("LORAPLEX_ENGINE", default=True)
 BASE_MODEL_NAME = env.str("LORAPLEX_BASE_MODEL", default="")
 ENGINE_OPTIONS = {
@@ -319,10 +319,10 @@ ENGINE_OPTIONS = {
     "enable_chunked_prefill": env.bool("LORAPLEX_ENABLE_CHUNKED_PREFILL", default=True),
 }
 PINNED_ADAPTERS = env.list("LORAPLEX_PINNED_ADAPTERS", default=[])  # "tenant/adapter[@alias]"
-# vLLM's operator calls (inference/operator.py): `tenant/adapter=path` entries (spaces between
-# them) registered, loaded and pinned at start-up; the local folders a `lora_path` may name
-# (none by default; S3 buckets: LORAPLEX_S3_IMPORT_BUCKETS); how long a load waits for the
-# quality gate's verdict before answering that it is still pending.
+# vLLM's operator calls (inference/host/lora_loading.py): `tenant/adapter=path` entries
+# (spaces between them) registered, loaded and pinned at start-up; the local folders a
+# `lora_path` may name (none by default; S3 buckets: LORAPLEX_S3_IMPORT_BUCKETS); how long a
+# load waits for the quality gate's verdict before answering that it is still pending.
 LORA_MODULES = env.str("LORAPLEX_LORA_MODULES", default="").split()
 LORA_PATH_ROOTS = env.list("LORAPLEX_LORA_PATH_ROOTS", default=[])
 LORA_LOAD_WAIT_SECONDS = env.float("LORAPLEX_LORA_LOAD_WAIT_SECONDS", default=300.0)
@@ -333,7 +333,7 @@ RATE_LIMIT_REQUESTS_PER_MINUTE = env.int(
 RATE_LIMIT_TOKENS_PER_MINUTE = env.int(
     "LORAPLEX_RATE_LIMIT_TPM", default=200_000
 )  # per tenant; 0 = off
-# max_tokens (inference/max_tokens.py): a chat request without one generates at most
+# max_tokens (inference/openai/max_tokens.py): a chat request without one generates at most
 # DEFAULT_MAX_TOKENS (0: up to the end of the context); one asking for more than
 # MAX_TOKENS_CAP is refused (0: no cap but the context).
 DEFAULT_MAX_TOKENS = env.int("LORAPLEX_DEFAULT_MAX_TOKENS", default=1024)

@@ -2,20 +2,19 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from inference import views as inference_views
-from registry import admin_engines
-
 from . import health
 
+# Every app's routes by name (strings, not imports): the project mounts the apps, the apps
+# import the project's modules, never the other way round.
 urlpatterns = [
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
-    path("admin/engines/", admin.site.admin_view(admin_engines.engines_page), name="admin-engines"),
+    path("admin/", include("registry.admin_urls")),  # before the admin's catch-all
     path("admin/", admin.site.urls),
     path("api/v1/", include("tenants.urls")),
     path("api/v1/", include("registry.urls")),
     path("v1/", include("inference.urls")),
-    path("metrics", inference_views.prometheus_metrics, name="metrics"),
+    path("", include("inference.root_urls")),  # /metrics
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
     path("", include("web.urls")),  # the tenant members' pages: last, they own the root

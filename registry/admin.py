@@ -13,7 +13,7 @@ from django.utils.html import format_html, format_html_join
 
 from platform_site.admin_columns import count_column
 
-from . import engines, queue
+from . import engines
 from .errors import RegistryError
 from .model_names import alias_name, version_name
 from .models import Adapter, AdapterVersion, Alias, BaseModel, EvalSet, Evaluation
@@ -22,8 +22,9 @@ from .permissions import OPERATE_ENGINES_CODENAME, can_operate_engines
 from .quality import figure, short_revision
 from .selectors import quality_progress
 from .services.aliases import alias_set
+from .services.base_models import base_model_recheck_request
 from .services.evaluations import evaluation_override, evaluations_rerun
-from .services.versions import adapter_version_revalidate
+from .services.versions import adapter_version_restage, adapter_version_revalidate
 
 # The admin index links to the read-only engines page (registry/admin_engines.py).
 admin.site.index_template = "admin/loraplex_index.html"
@@ -132,7 +133,7 @@ class BaseModelAdmin(ReadOnlyAdmin):
     )
     def recheck(self, request, queryset):
         for base in queryset:
-            queue.send_on_commit(queue.RECHECK, base.pk)
+            base_model_recheck_request(base_model=base, actor=admin_actor(request))
         messages.success(
             request, f"Queued a compatibility re-check for {queryset.count()} model(s)."
         )
@@ -183,7 +184,8 @@ class AdapterAdmin(ReadOnlyAdmin):
             else:
                 messages.warning(
                     request,
-                    f"{adapter}: no '{PRODUCTION}' alias; pin one of its versions or aliases instead.",
+                    f"{adapter}: no '{PRODUCTION}' alias; pin one of its versions or aliases "
+                    "instead.",
                 )
         return names
 
@@ -296,10 +298,9 @@ class AdapterVersionAdmin(ReadOnlyAdmin):
         description="Re-stage selected ready versions into the adapter cache", permissions=MANAGE
     )
     def restage(self, request, queryset):
-        ready = queryset.filter(status=AdapterVersion.READY)
-        for version in ready:
-            queue.send_on_commit(queue.STAGE, version.pk)
-        messages.success(request, f"Queued staging of {ready.count()} version(s).")
+        actor = admin_actor(request)
+        queued = [v for v in queryset if adapter_version_restage(version=v, actor=actor)]
+        messages.success(request, f"Queued staging of {len(queued)} version(s).")
 
     @admin.action(
         description="Move the 'production' alias to the selected version", permissions=["promote"]

@@ -2,10 +2,10 @@
 
 When a version becomes ready or an alias moves to one, a message goes out on a Redis
 channel after the transaction commits; each engine replica that serves the version's base
-model stages it into its own adapter cache in the background (inference/prefetch.py), so
-the first request after a promotion is served from local disk. Nobody polls object
-storage. A message lost (Redis down, a replica restarting) costs only that first request
-its disk hit: the engine stages on a miss anyway.
+model stages it into its own adapter cache in the background, so the first request after a
+promotion is served from local disk. Nobody polls object storage. A message lost (Redis
+down, a replica restarting) costs only that first request its disk hit: the engine stages
+on a miss anyway.
 """
 
 from __future__ import annotations

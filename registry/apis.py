@@ -28,7 +28,7 @@ from . import selectors
 from .models import Adapter, AdapterVersion, Alias, BaseModel, EvalSet, Evaluation
 from .services.adapters import adapter_create, adapter_delete, adapter_update
 from .services.aliases import alias_delete, alias_set
-from .services.eval_sets import eval_set_attach, eval_set_for
+from .services.eval_sets import eval_set_attach
 from .services.quotas import quota_check
 from .services.versions import adapter_version_create
 from .uploads import (
@@ -129,8 +129,7 @@ class EvaluationOutputSerializer(serializers.ModelSerializer):
         eval_set = evaluation.eval_set
         if eval_set is None:
             return None
-        kind = "generic" if eval_set.is_generic else "own"
-        return {"sha256": evaluation.eval_set_sha256, "rows": eval_set.rows, "kind": kind}
+        return {"sha256": evaluation.eval_set_sha256, "rows": eval_set.rows, "kind": eval_set.kind}
 
     @extend_schema_field(FiguresSerializer(allow_null=True))
     def get_adapter(self, evaluation) -> dict | None:
@@ -219,22 +218,20 @@ class AliasOutputSerializer(serializers.ModelSerializer):
 
 
 class EvalSetOutputSerializer(serializers.ModelSerializer):
-    kind = serializers.SerializerMethodField(
-        help_text="own: the adapter's; generic: its base model's, set by the operator"
+    kind = serializers.CharField(
+        read_only=True,
+        help_text="own: the adapter's; generic: its base model's, set by the operator",
     )
-    base_model = serializers.SerializerMethodField(
-        help_text="the base model whose generic set this is (null for the adapter's own)"
+    base_model = serializers.CharField(
+        source="base_model.name",
+        allow_null=True,
+        read_only=True,
+        help_text="the base model whose generic set this is (null for the adapter's own)",
     )
 
     class Meta:
         model = EvalSet
         fields = ["kind", "base_model", "rows", "size", "sha256", "created_by", "created_at"]
-
-    def get_kind(self, eval_set) -> str:
-        return "generic" if eval_set.is_generic else "own"
-
-    def get_base_model(self, eval_set) -> str | None:
-        return eval_set.base_model.name if eval_set.is_generic else None
 
 
 class AuditEventOutputSerializer(serializers.ModelSerializer):
@@ -344,7 +341,9 @@ class VersionListCreateApi(RegistryApi):
         eval = serializers.FileField(
             required=False,
             allow_empty_file=True,
-            help_text=f"optional: the adapter's eval set, attached in the same call ({EVAL_SET_FORMAT})",
+            help_text=(
+                f"optional: the adapter's eval set, attached in the same call ({EVAL_SET_FORMAT})"
+            ),
         )
 
     @extend_schema_serializer(component_name="VersionImportInput")
@@ -451,7 +450,7 @@ class EvalSetApi(RegistryApi):
     )
     def get(self, request, name):
         adapter = selectors.adapter_get(tenant=self.principal.tenant, name=name)
-        eval_set = eval_set_for(adapter)
+        eval_set = selectors.eval_set_for(adapter)
         if eval_set is None:
             raise NotFound(
                 f"adapter '{adapter.name}' has no eval set, and base model "

@@ -1,7 +1,7 @@
 """Talking to the engine processes from the control plane, for operators.
 
 Each `serve` process that hosts an engine answers the operator protocol
-(inference/operator_protocol.py): pin and unpin by qualified model name
+(platform_site/operator_protocol.py): pin and unpin by qualified model name
 (registry/model_names.py), list the loaded adapters, /metrics, and score an eval set for the
 quality gate. Engines are listed in LORAPLEX_ENGINE_URLS and reached with the operator token
 (/metrics with the metrics token). Replicas behind a router are listed by one name that
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from django.conf import settings
 from prometheus_client.parser import text_string_to_metric_families
 
-from inference import operator_protocol as protocol
+from platform_site import operator_protocol as protocol
 
 TIMEOUT_SECONDS = 30  # pinning may wait for the adapter to load
 # Scoring a whole eval set twice (adapter and base) at background priority, behind tenants'.
@@ -160,7 +160,7 @@ def score_on_engine(
     """Score eval rows (`{"messages"|"prompt", "completion"}`) under a version (its uid; None
     for the base model alone) and under the base model, on the first engine that answers
     (LORAPLEX_ENGINE_URLS in order, else the embedded default's `serve`). Returns the engine's
-    answer (inference/scoring_api.py): `base_revision`, per row `tokens`, `adapter_nll`,
+    answer (inference/operator/scoring.py): `base_revision`, per row `tokens`, `adapter_nll`,
     `base_nll`, and the `adapter` and `base` totals. Rows go in as few requests as the
     engines' limits allow (LORAPLEX_MAX_REQUEST_BYTES, LORAPLEX_EVAL_MAX_ROWS), their answers
     merged into one. Raises ScoringFailed; `timeout` bounds the wait for each answer."""

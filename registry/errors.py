@@ -14,61 +14,61 @@ class RegistryError(ApiError):
 # ---------------------------------------------------------------- names and base models
 
 
-class InvalidName(RegistryError, status=400, code="invalid_name"):
+class InvalidName(RegistryError, code="invalid_name"):
     """An adapter name outside the slug rule (registry/names.py)."""
 
 
-class NameTaken(RegistryError, status=400, code="name_taken"):
+class NameTaken(RegistryError, code="name_taken"):
     """An adapter may not shadow a base model's name in model strings."""
 
 
-class NoBaseModel(RegistryError, status=400, code="no_base_model"):
+class NoBaseModel(RegistryError, code="no_base_model"):
     """No base model is served yet, so an adapter has nothing to attach to."""
 
 
-class UnknownBaseModel(RegistryError, status=400, code="unknown_base_model"):
+class UnknownBaseModel(RegistryError, code="unknown_base_model"):
     """The named base model is not imported."""
 
 
 # ---------------------------------------------------------------- aliases
 
 
-class InvalidAlias(RegistryError, status=400, code="invalid_alias"):
+class InvalidAlias(RegistryError, code="invalid_alias"):
     """An alias name outside the slug rule."""
 
 
-class ReservedAlias(RegistryError, status=400, code="reserved_alias"):
+class ReservedAlias(RegistryError, code="reserved_alias"):
     """`latest` and `v<N>` always mean what they say; they cannot be set."""
 
 
-class UnknownVersion(RegistryError, status=400, code="unknown_version"):
+class UnknownVersion(RegistryError, code="unknown_version"):
     """The alias would point at a version number the adapter does not have."""
 
 
-class WeightNotAllowed(RegistryError, status=400, code="weight_not_allowed"):
+class WeightNotAllowed(RegistryError, code="weight_not_allowed"):
     """Only the canary alias takes a traffic weight."""
 
 
-class InvalidWeight(RegistryError, status=400, code="invalid_weight"):
+class InvalidWeight(RegistryError, code="invalid_weight"):
     """A canary weight outside 0..100."""
 
 
 # ---------------------------------------------------------------- uploads and imports
 
 
-class UnexpectedFile(RegistryError, status=400, code="unexpected_file"):
+class UnexpectedFile(RegistryError, code="unexpected_file"):
     """A multipart upload with a file field other than `config` and `weights`."""
 
 
-class InvalidSource(RegistryError, status=400, code="invalid_source"):
+class InvalidSource(RegistryError, code="invalid_source"):
     """An import source that is not `s3://bucket/prefix/`."""
 
 
-class SourceNotAllowed(RegistryError, status=400, code="source_not_allowed"):
+class SourceNotAllowed(RegistryError, code="source_not_allowed"):
     """An import from outside the tenant's allowed prefixes (or the operator's buckets)."""
 
 
-class SourceNotFound(RegistryError, status=400, code="source_not_found"):
+class SourceNotFound(RegistryError, code="source_not_found"):
     """One of the two PEFT files is missing under the source, or may not be read: one answer
     for both, so that imports cannot probe which objects exist."""
 
@@ -81,7 +81,7 @@ class InsufficientStorage(RegistryError, status=507, code="insufficient_storage"
     """This server's disk filled up while receiving the files; nothing was kept."""
 
 
-class InvalidEvalSet(RegistryError, status=400, code="invalid_eval_set"):
+class InvalidEvalSet(RegistryError, code="invalid_eval_set"):
     """An eval set that is not JSONL rows of `completion` plus `messages` or `prompt` within the
     limits; the message starts with the line and names the field (also `line` and `field`)."""
 
@@ -124,32 +124,32 @@ class Conflict(RegistryError, status=409, code="conflict"):
     """The request is fine but the registry's state forbids it."""
 
 
-class AdapterExists(Conflict, status=409, code="adapter_exists"):
+class AdapterExists(Conflict, code="adapter_exists"):
     """The tenant already has an adapter of that name."""
 
 
-class AdapterInUse(Conflict, status=409, code="adapter_in_use"):
+class AdapterInUse(Conflict, code="adapter_in_use"):
     """Aliases still point at the adapter's versions."""
 
 
-class VersionNotReady(Conflict, status=409, code="version_not_ready"):
+class VersionNotReady(Conflict, code="version_not_ready"):
     """An alias may only point at a ready version."""
 
 
-class VersionIncompatible(Conflict, status=409, code="version_incompatible"):
+class VersionIncompatible(Conflict, code="version_incompatible"):
     """The version has not been checked against (or failed on) the adapter's base model."""
 
 
-class EvaluationNotPassed(Conflict, status=409, code="evaluation_not_passed"):
+class EvaluationNotPassed(Conflict, code="evaluation_not_passed"):
     """An alias may only point at a version whose evaluation passed on the base model's
     current revision (or that an operator overrode); the message says which figure failed."""
 
 
-class InvalidTransition(Conflict, status=409, code="invalid_transition"):
+class InvalidTransition(Conflict, code="invalid_transition"):
     """A version's status may not move that way (a ready version is immutable)."""
 
 
-class NotServable(Conflict, status=409, code="version_not_servable"):
+class NotServable(Conflict, code="version_not_servable"):
     """The version exists but may not be served (not ready, not checked against this base, or
     not passed its evaluation there)."""
 

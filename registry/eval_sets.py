@@ -1,17 +1,10 @@
 """Eval sets: JSONL rows an adapter is measured on. Parsing and validation only; no Django.
 
-One JSON object per line, each either
-
-    {"messages": [{"role": "user", "content": "..."}, ...], "completion": "..."}
-    {"prompt": "...", "completion": "..."}
-
-exactly one of `messages` (chat messages exactly as `/v1/chat/completions` takes them, checked
-by the same code, and not ending with an assistant message: the completion is the assistant's
-reply) and `prompt` (a non-empty string), and `completion`, a non-empty string; no other
-field. The file is UTF-8 (a leading byte order mark is allowed); blank lines are skipped;
-lines end with LF or CRLF. The caller gives the limits (rows, bytes; characters per row
-default to MAX_ROW_CHARS). Every refusal is an `InvalidEvalSet` whose message starts with
-the line number and names the field, or `UploadTooLarge` past the byte limit.
+The format (README, "Quality gate") is one `{"messages" | "prompt", "completion"}` object a
+line. `messages` are read by the chat API's own code (inference/engine/chat_messages.py), so
+a row that passes here also runs; they must not end with the assistant's turn, which is the
+completion. Every refusal starts with the line number and names the field, so a person can
+fix the file.
 """
 
 from __future__ import annotations
@@ -19,8 +12,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from inference.errors import ProtocolError
-from inference.openai_protocol import parse_chat_messages
+from inference.engine.chat_messages import parse_messages
+from inference.engine.errors import InvalidMessagesError
 
 from .errors import InvalidEvalSet, UploadTooLarge
 
@@ -189,10 +182,10 @@ def _parse_row(line: str, number: int, *, max_row_chars: int, param: str) -> Eva
 
 def _parse_messages(messages, number: int, param: str) -> list[dict]:
     try:
-        parsed = parse_chat_messages(messages)
-    except ProtocolError as exc:
-        field = exc.param or "messages"
-        raise _invalid(number, field, exc.message.removeprefix(f"{field} "), param) from None
+        parsed = parse_messages(messages)
+    except InvalidMessagesError as exc:
+        field = exc.param
+        raise _invalid(number, field, str(exc).removeprefix(f"{field} "), param) from None
     if parsed[-1]["role"] == "assistant":
         raise _invalid(
             number,

@@ -3,7 +3,7 @@
 A tenant's request says `adapter`, `adapter@alias` or `adapter:n` (its tenant is implied).
 Operators act across tenants, so their names are qualified: `tenant/adapter[@alias|:n]`;
 the control plane builds those (registry/engines.py, the admin's pin actions), and the
-engine's operator endpoints and LORAPLEX_PINNED_ADAPTERS parse them (inference/operator.py).
+engine's operator endpoints and LORAPLEX_PINNED_ADAPTERS parse them.
 """
 
 import re

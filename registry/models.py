@@ -276,11 +276,15 @@ class EvalSet(models.Model):
         """The operator's set for a base model, not an adapter's own."""
         return self.adapter_id is None
 
+    @property
+    def kind(self) -> str:
+        return "generic" if self.is_generic else "own"
+
 
 class Evaluation(models.Model):
     """One measurement of a version on an eval set, on one revision of its base model: the
     completions' mean negative log-likelihood and perplexity under the adapter and under the
-    base model alone (from the engine, inference/scoring_api.py), and the gate's verdict.
+    base model alone (scored by the engine), and the gate's verdict.
 
     Its eval set is kept while it exists (RESTRICT: a superseded set stays with its bytes,
     and goes with its adapter), so later evaluations of the version re-measure exactly the

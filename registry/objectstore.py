@@ -63,7 +63,7 @@ def storage_errors(action: str, key: str):
 
 
 def hash_stream(chunks: Iterable[bytes], out: BinaryIO | None = None, *, limit: int) -> Digest:
-    """Hash (and optionally copy) a stream of chunks; UploadTooLarge as soon as it passes `limit`."""
+    """Hash (and optionally copy) a stream of chunks; UploadTooLarge once it passes `limit`."""
     sha, size = hashlib.sha256(), 0
     for chunk in chunks:
         size += len(chunk)

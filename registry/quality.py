@@ -1,14 +1,10 @@
 """The quality gate: the verdict on one evaluation's figures, and the words that explain it.
 
-No Django queries here: `verdict()` takes figures and factors and says passed or degraded,
-and why; `why_not_passed()` says why a version's quality keeps it from serving. The state
-moves are in registry/services/quality.py, the evaluations in registry/services/evaluations.py.
-
-The rule (issue 13): an evaluation passes iff the adapter's perplexity on its eval set is at
-most LORAPLEX_EVAL_MAX_PPL_RATIO (default 1.10) times the figure recorded at the version's
-first evaluation (the first evaluation records it, so passes this check), and, when
-LORAPLEX_EVAL_MAX_BASE_RATIO is set (off by default), at most that times the base model's
-perplexity alone on the same rows.
+No queries here, so the rule reads in one place: an evaluation passes iff the adapter's
+perplexity is at most LORAPLEX_EVAL_MAX_PPL_RATIO (1.10) times its first evaluation's (which
+records it, so passes), and, when LORAPLEX_EVAL_MAX_BASE_RATIO is set, at most that times the
+base model's alone on the same rows. A base upgrade is judged against the first figure, so
+quality cannot drift down one revision at a time.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Reads. Tenant isolation lives here, once per model: every tenant-owned query starts from a
 `*_list(*, tenant)` selector, and another tenant's object is a 404 identical to a missing one.
 
-The serving layer calls `base_model_default`, `adapter_version_resolve` and
-`registry.staging.ensure_staged`.
+The serving layer reads through the selectors below `adapter_version_resolve` too, and
+stages through `registry.staging.ensure_staged`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from django.db.models import Count, QuerySet
 from django.http import Http404
 
 from .errors import NotServable
-from .models import Adapter, AdapterVersion, Alias, BaseModel
+from .models import Adapter, AdapterVersion, Alias, BaseModel, EvalSet
 from .names import CANARY, LATEST, PRODUCTION, version_number_of_alias
 from .quality import why_not_passed
 
@@ -30,6 +30,14 @@ def base_model_get(*, name: str) -> BaseModel:
         return BaseModel.objects.get(name=name)
     except BaseModel.DoesNotExist:
         raise Http404("No such base model.") from None
+
+
+def base_model_find(*, name: str) -> BaseModel | None:
+    return BaseModel.objects.filter(name=name).first()
+
+
+def base_model_names() -> list[str]:
+    return list(BaseModel.objects.order_by("name").values_list("name", flat=True))
 
 
 def base_model_default() -> BaseModel | None:
@@ -125,6 +133,20 @@ def alias_get(*, tenant, adapter_name: str, name: str) -> Alias:
         raise Http404("No such alias.") from None
 
 
+# ---------------------------------------------------------------- eval sets
+
+
+def eval_set_for(target: Adapter | AdapterVersion) -> EvalSet | None:
+    """The set an adapter (or a version of it) is measured on: its own, else its base model's
+    generic one, else None."""
+    adapter = target.adapter if isinstance(target, AdapterVersion) else target
+    sets = EvalSet.objects.filter(is_current=True).select_related("adapter", "base_model")
+    return (
+        sets.filter(adapter=adapter).first()
+        or sets.filter(base_model_id=adapter.base_model_id).first()
+    )
+
+
 # ---------------------------------------------------------------- serving
 
 
@@ -200,3 +222,36 @@ def adapter_version_resolve(
     if not version.servable_on(base):
         raise NotServable(_why_not(version, base))
     return version
+
+
+# ------------------------------------------------------- the engines' reads (not tenant-scoped)
+
+
+def version_find_by_uid(*, uid) -> AdapterVersion | None:
+    """For operators and the engines' loaders, which name versions by uid: never a tenant's
+    request (those resolve model names through adapter_version_resolve)."""
+    return (
+        AdapterVersion.objects.select_related("adapter__tenant", "adapter__base_model")
+        .filter(uid=uid)
+        .first()
+    )
+
+
+def adapters_with_ready_versions(*, tenant) -> QuerySet[Adapter]:
+    """The tenant's adapters that have a ready version: the ones a model list names."""
+    ready = AdapterVersion.objects.filter(adapter__tenant=tenant, status=AdapterVersion.READY)
+    return adapter_list(tenant=tenant).filter(id__in=ready.values("adapter_id"))
+
+
+def aliased_ready_version_uids(*, base_model_name: str) -> list[str]:
+    """Versions of this base some alias points at: what traffic is about to ask for."""
+    uids = (
+        AdapterVersion.objects.filter(
+            aliases__isnull=False,
+            status=AdapterVersion.READY,
+            adapter__base_model__name=base_model_name,
+        )
+        .values_list("uid", flat=True)
+        .distinct()
+    )
+    return [uid.hex for uid in uids]

@@ -1,10 +1,28 @@
 """DRF glue: API keys in; refusals are KeyRejected errors, answered by the one error handler."""
 
 from rest_framework import authentication, permissions
+from rest_framework import exceptions as drf
 
-from .keyauth import BEARER_CHALLENGE, InsufficientScope, KeyRejected, api_key_from_header
+from platform_site.error_translations import Translation
+
+from .keyauth import (
+    BEARER_CHALLENGE,
+    NO_CREDENTIALS,
+    InsufficientScope,
+    InvalidApiKey,
+    KeyRejected,
+    MissingApiKey,
+    api_key_from_header,
+)
 from .principal import KeyUser, principal_for_request
 from .services import api_key_touch
+
+# DRF's authentication failures answer in this app's codes (registered by TenantsConfig);
+# its NotAuthenticated's own text does not say what to send.
+TRANSLATIONS = {
+    drf.NotAuthenticated: Translation(MissingApiKey, words=NO_CREDENTIALS),
+    drf.AuthenticationFailed: Translation(InvalidApiKey),
+}
 
 
 class ApiKeyAuthentication(authentication.BaseAuthentication):

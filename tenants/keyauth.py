@@ -3,7 +3,7 @@
 Plain Python (no DRF) so the async OpenAI-compatible views and the REST API share it. Every
 reason a caller is not let in is a `KeyRejected`, one class per code: 401 when the
 credentials themselves are missing or wrong, 403 when they are fine but do not reach far
-enough (a suspended tenant, no membership, a missing scope, a failed CSRF check).
+enough (a suspended tenant, no membership, a missing scope).
 """
 
 from platform_site.errors import ApiError
@@ -54,10 +54,6 @@ class NoTenant(KeyRejected, status=403, code="no_tenant"):
 
 class InsufficientScope(KeyRejected, status=403, code="insufficient_scope"):
     """The key's scopes (or the member's role) do not include what this endpoint needs."""
-
-
-class CsrfFailed(KeyRejected, status=403, code="csrf_failed"):
-    """A signed-in browser's request without the page's CSRF token."""
 
 
 def bearer_token(header: str | None) -> str:

@@ -28,3 +28,8 @@ def membership_for(*, user, tenant_slug: str | None) -> Membership | None:
     if tenant_slug:
         return memberships.filter(tenant__slug=tenant_slug).first()
     return memberships.first()
+
+
+def tenant_find(*, slug: str) -> Tenant | None:
+    """For operators, who name tenants by slug: not scoped to a caller."""
+    return Tenant.objects.filter(slug=slug).first()

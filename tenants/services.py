@@ -1,4 +1,5 @@
-"""Changes to tenants, memberships and API keys. Views and commands call these, nothing else writes."""
+"""Changes to tenants, memberships and API keys. Views and commands call these; nothing else
+writes."""
 
 from collections.abc import Collection
 from datetime import datetime, timedelta

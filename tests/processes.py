@@ -6,13 +6,16 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVE = ("manage.py", "serve", "--log-level", "warning")
+T = TypeVar("T")
 
 
 def free_port() -> int:
@@ -31,6 +34,27 @@ def database_url() -> str:
             f"postgres://{db['USER']}:{db['PASSWORD'] or ''}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
         )
     return f"sqlite:///{db['NAME']}"
+
+
+def committed(read: Callable[[], T]) -> T:
+    """`read()` on a database connection of its own: what the live processes have committed.
+
+    A `django_db` test runs inside one transaction, and on SQLite (WAL) every read in it sees
+    the snapshot its first read took: rows a live server commits after that stay invisible to
+    the test, however long it waits. Another thread has its own connection (Django's are per
+    thread), outside that transaction, and sees every commit so far. Evaluate querysets inside
+    `read` (`list(...)`, `.count()`).
+    """
+    from django.db import connection
+
+    def run() -> T:
+        try:
+            return read()
+        finally:
+            connection.close()  # this thread's: none is left open on the test database
+
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(run).result()
 
 
 def launch(

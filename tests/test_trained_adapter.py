@@ -71,7 +71,7 @@ def test_training_is_deterministic(base_dir, tmp_path):
 def test_reference_matches_the_engine(base_dir, trained):
     """reference_nll counts the tokens and figures the platform's scorer does (prompt as
     /v1/completions or /v1/chat/completions encodes it, chat completions ending their turn)."""
-    from inference.scoring_api import Row, tokenize_rows
+    from inference.operator.scoring import Row, tokenize_rows
 
     rows, adapter, figures = trained
     engine = LLMEngine(model=base_dir, enable_lora=True, kv_cache_bytes=4 << 20, block_size=4)

@@ -19,7 +19,7 @@ The adapter's eval perplexity levels off near 2 (the base's is about 530): the t
 output logits are bounded (RMS-normed hidden state times a tied embedding of std 0.1) and
 the adapter may not touch the embeddings, so no token gets a probability much above 0.5.
 
-Tokens are counted as the scoring endpoint counts them (inference/scoring_api.py): a text
+Tokens are counted as the scoring endpoint counts them (inference/operator/scoring.py): a text
 prompt encoded as /v1/completions encodes it, a chat prompt rendered with the template's
 generation prompt and encoded without special tokens; the completion encoded without special
 tokens, followed in a chat row by the template's end-of-turn token (`<|im_end|>`) when that

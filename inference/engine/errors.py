@@ -56,3 +56,12 @@ class EngineStoppedError(EngineError):
 class EngineDeadError(EngineStoppedError):
     """The step loop failed: the requests the engine held fail with this, new ones are
     refused, and only a fresh process serves again. Not the caller's fault."""
+
+
+class InvalidMessagesError(InvalidRequestError):
+    """A conversation the chat template cannot be given; `param` names the field at fault
+    (`messages[2].content`), so a serving layer can point the caller at it."""
+
+    def __init__(self, message: str, *, param: str) -> None:
+        super().__init__(message)
+        self.param = param

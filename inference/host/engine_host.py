@@ -1,8 +1,8 @@
 """One engine per process, shared by every request: the bridge between Django and the engine.
 
-`serve` starts it before taking traffic (so /readyz tells the truth), with the adapters of
-LORAPLEX_LORA_MODULES loaded (inference/lora_modules.py); a control-plane-only
-replica runs with LORAPLEX_ENGINE=off and never loads a model. Adapters reach the engine
+`serve` starts it before taking traffic (so /readyz tells the truth), then loads the
+start-up adapters (startup_adapters.py); a control-plane-only replica runs with
+LORAPLEX_ENGINE=off and never loads a model. Adapters reach the engine
 as LoRARequests naming a staged folder; on a cache miss the engine calls `_fetch_adapter`
 (off its step thread), which stages the version from object storage once.
 
@@ -18,11 +18,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from asgiref.sync import sync_to_async
 from django.conf import settings
 
+from inference.errors import EngineUnavailable
 from platform_site.health import READINESS_CHECKS
-
-from .errors import EngineUnavailable
+from registry.selectors import (
+    base_model_default,
+    base_model_find,
+    base_model_names,
+    version_find_by_uid,
+)
+from registry.staging import ensure_staged
 
 if TYPE_CHECKING:
     from inference.engine import AsyncLLMEngine
@@ -55,6 +62,15 @@ class EngineHost:
         if self.engine is None:
             self.start()
         return self.engine
+
+    async def started_engine(self) -> "AsyncLLMEngine":
+        """For async views: the running engine, started (in a worker thread) on first use."""
+        return self.engine or await sync_to_async(self.start, thread_sensitive=False)()
+
+    def served_name(self) -> str:
+        """The base model this process serves; callers start the engine first."""
+        assert self.model is not None, "set together with the engine"
+        return self.model.name
 
     def start(self):
         with self._lock:
@@ -106,18 +122,16 @@ def _build_engine(on_failure: Callable[[BaseException], None]):
 def _base_model_to_serve():
     """LORAPLEX_BASE_MODEL's base model, else the default one: this replica's, one of any
     number that replicas serve side by side."""
-    from registry.models import BaseModel
-    from registry.selectors import base_model_default
-
     name = settings.BASE_MODEL_NAME
-    base = BaseModel.objects.filter(name=name).first() if name else base_model_default()
+    base = base_model_find(name=name) if name else base_model_default()
     if base is not None:
         return base
     if not name:
         raise EngineUnavailable(
-            "No base model is imported: run `manage.py import_base_model --preset smollm2-135m-instruct`."
+            "No base model is imported: run "
+            "`manage.py import_base_model --preset smollm2-135m-instruct`."
         )
-    known = ", ".join(BaseModel.objects.values_list("name", flat=True)) or "none"
+    known = ", ".join(base_model_names()) or "none"
     raise EngineUnavailable(
         f"LORAPLEX_BASE_MODEL is {name!r}, which is not an imported base model (known: {known})."
     )
@@ -127,12 +141,12 @@ def _fetch_adapter(lora_request) -> Path:
     """The engine's loader callback: stage a version that is not on local disk yet."""
     from django.db import close_old_connections
 
-    from registry.models import AdapterVersion
-    from registry.staging import ensure_staged
-
     close_old_connections()  # runs on an engine loader thread, outside any request
     try:
-        return ensure_staged(AdapterVersion.objects.get(uid=lora_request.adapter_id))
+        version = version_find_by_uid(uid=lora_request.adapter_id)
+        if version is None:
+            raise LookupError(f"no adapter version has uid {lora_request.adapter_id}")
+        return ensure_staged(version)
     finally:
         close_old_connections()
 
@@ -148,11 +162,6 @@ def check_engine() -> None:
 
 
 def host_engine_in_this_process():
-    """Called by `serve` when this process hosts the engine: /readyz now includes it, and
-    LORAPLEX_LORA_MODULES are registered, loaded and pinned before it takes traffic."""
-    from .lora_modules import load_lora_modules  # it needs the operator's side: HOST, below
-
+    """Called by `serve` when this process hosts the engine: /readyz now includes it."""
     READINESS_CHECKS["engine"] = check_engine
-    engine = HOST.start()
-    load_lora_modules(HOST)
-    return engine
+    return HOST.start()

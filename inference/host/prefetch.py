@@ -1,4 +1,4 @@
-"""Each engine replica's background sync of its local adapter cache (issue #17, item 4).
+"""Each engine replica's background sync of its local adapter cache.
 
 A daemon thread listens on the Redis channel the registry announces servable versions on
 (registry/announcements.py) and stages each version of this replica's base model into
@@ -15,7 +15,13 @@ import json
 import logging
 import threading
 
+import redis
 from django.conf import settings
+from django.db import close_old_connections
+
+from registry.announcements import BASE_MODEL, CHANNEL, VERSION
+from registry.selectors import aliased_ready_version_uids, version_find_by_uid
+from registry.staging import ensure_staged
 
 logger = logging.getLogger(__name__)
 RETRY_SECONDS = (1, 2, 5, 10, 30)
@@ -34,10 +40,6 @@ class Prefetcher:
         return self
 
     def _run(self) -> None:
-        import redis
-
-        from registry.announcements import CHANNEL
-
         failures = 0
         while not self.stop.is_set():
             pubsub = None
@@ -65,8 +67,6 @@ class Prefetcher:
                     pubsub.close()
 
     def _on_message(self, data: bytes | str) -> None:
-        from registry.announcements import BASE_MODEL, VERSION
-
         try:
             message = json.loads(data)
             uid, base = message[VERSION], message[BASE_MODEL]
@@ -78,29 +78,14 @@ class Prefetcher:
 
     def _stage_aliased(self) -> None:
         """Versions some alias points at, of this base: what traffic is about to ask for."""
-        from registry.models import AdapterVersion
-
-        uids = self._with_db(
-            lambda: list(
-                AdapterVersion.objects.filter(
-                    aliases__isnull=False,
-                    status=AdapterVersion.READY,
-                    adapter__base_model__name=self.base_model,
-                )
-                .values_list("uid", flat=True)
-                .distinct()
-            )
-        )
+        uids = self._with_db(lambda: aliased_ready_version_uids(base_model_name=self.base_model))
         for uid in uids or []:
-            self._stage(uid=uid.hex)
+            self._stage(uid=uid)
 
     def _stage(self, *, uid: str) -> None:
-        from registry.models import AdapterVersion
-        from registry.staging import ensure_staged
-
         def stage():
-            version = AdapterVersion.objects.select_related("adapter").filter(uid=uid).first()
-            if version is None or version.status != AdapterVersion.READY:
+            version = version_find_by_uid(uid=uid)
+            if version is None or version.status != version.READY:
                 return None
             return ensure_staged(version)
 
@@ -113,8 +98,6 @@ class Prefetcher:
     def _with_db(work):
         """Run `work` with fresh database connections; log and skip what fails (the engine
         stages on a miss)."""
-        from django.db import close_old_connections
-
         close_old_connections()
         try:
             return work()

@@ -1,7 +1,9 @@
-"""LORAPLEX_LORA_MODULES: vLLM's `--lora-modules name=path ...` for this engine's start-up.
+"""The adapters an engine loads and pins at start-up, before it takes traffic: vLLM's
+`--lora-modules name=path ...` (LORAPLEX_LORA_MODULES) and registered versions by name
+(LORAPLEX_PINNED_ADAPTERS).
 
-Each `<tenant>/<adapter>=<folder or s3://bucket/prefix/>` is what a `load_lora_adapter` call
-with `load_inplace: true` does (inference/operator.py): the files are registered as the
+Each LORAPLEX_LORA_MODULES entry `<tenant>/<adapter>=<folder or s3://bucket/prefix/>` is
+what a `load_lora_adapter` call with `load_inplace: true` does: the files are registered as the
 adapter's next version (the same files again are the same version, so a restart registers
 nothing new), validated, and once servable loaded and pinned, before the server takes
 traffic. A version whose quality gate is still evaluating (the worker scores it on the
@@ -10,8 +12,8 @@ passes. Whoever starts the process wrote the paths, so local folders are not hel
 LORAPLEX_LORA_PATH_ROOTS.
 
 A malformed entry stops the start (a typo in the configuration); files that cannot be
-registered or served are logged and skipped, as LORAPLEX_PINNED_ADAPTERS are, so that one
-adapter cannot keep the whole replica down.
+registered or served are logged and skipped, as pinned names that do not resolve are, so that
+one adapter cannot keep the whole replica down.
 """
 
 import asyncio
@@ -21,16 +23,17 @@ import threading
 from django.conf import settings
 from django.db import close_old_connections
 
+from inference.errors import EngineUnavailable, ModelNotServable, ProtocolError
 from platform_site.errors import ApiError
 from registry.model_names import version_name
 
-from .errors import EngineUnavailable, ModelNotServable, ProtocolError
-from .operator import (
+from .lora_loading import (
     OperatorCall,
     adapter_target,
     await_servable,
     load_version,
     register,
+    resolve_operator_name,
     source_of,
 )
 
@@ -103,3 +106,18 @@ def _load_when_servable(host, version) -> None:
         logger.info("LORAPLEX_LORA_MODULES: loaded and pinned %s", lora.name)
     finally:
         close_old_connections()
+
+
+def pin_configured_adapters(host) -> list[str]:
+    """Load and pin each `tenant/adapter[@alias|:n]`; one that fails is logged, not fatal."""
+    pinned = []
+    for name in settings.PINNED_ADAPTERS:
+        try:
+            lora = resolve_operator_name(name)
+            asyncio.run(host.engine.load_lora(lora, pin=True))
+        except (ApiError, ValueError) as exc:  # ValueError: the engine's EngineError
+            logger.error("could not pin %s: %s", name, getattr(exc, "message", exc))
+            continue
+        pinned.append(name)
+        logger.info("pinned %s", name)
+    return pinned

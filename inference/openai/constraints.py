@@ -1,7 +1,7 @@
 """A request whose text must be JSON: the constraint, the rules its names and schemas follow,
 and compiling it before the engine sees the request.
 
-`response_format` (inference/response_format.py) and forced tool calls (inference/tools.py)
+`response_format` (response_format.py) and forced tool calls (tools.py)
 both end here, as one `JsonConstraint`. Compiling it during preparation, off the event
 loop, turns a schema the engine cannot enforce into a 400 naming the field that carried it,
 before a token is reserved or the engine does any work.
@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .errors import ProtocolError, UnsupportedParameter
+from inference.errors import ProtocolError, UnsupportedParameter
 
 if TYPE_CHECKING:
     from inference.engine import AsyncLLMEngine, StructuredOutput

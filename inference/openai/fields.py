@@ -1,6 +1,6 @@
 """Checks every request parser shares: a JSON object holds only the fields it may."""
 
-from .errors import ProtocolError
+from inference.errors import ProtocolError
 
 
 def refuse_extra_fields(value: dict, allowed: set[str], where: str) -> None:

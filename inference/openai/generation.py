@@ -1,52 +1,64 @@
-"""One OpenAI-style generation, from the raw HTTP request to the last byte of its answer.
+"""One OpenAI-style generation, from the raw HTTP request to the last byte of its answer,
+for every endpoint that generates (serving_chat.py, serving_completion.py say what differs).
 
 `prepare` does everything that can refuse a request (auth, parsing, limits, model
 resolution, tokenizing) before anything reaches the engine, so a refusal costs the engine
-nothing; each refusal is an ApiError (inference/errors.py) or one of the engine's own,
-which the view answers through platform_site/error_responses.py. Rendering and tokenizing
-a prompt run in a worker thread (a megabyte takes the best part of a second), after a
-length check that needs no tokenizer. The request then fans out into `n` engine requests,
-one per choice, read as one stream of `(choice index, output)` (inference/choices.py).
-`respond_json` and `respond_stream` drive that stream; every request, however it ends
-(even a client gone before its stream began), leaves one usage record and releases its
-concurrency slot, once.
+nothing. Rendering and tokenizing a prompt run in a worker thread (a megabyte takes the best
+part of a second), after a length check that needs no tokenizer. The request then fans out
+into `n` engine requests, one per choice, read as one stream of `(choice index, output)`
+(choices.py). `respond_json` and `respond_stream` drive that stream; every request, however
+it ends (even a client gone before its stream began), leaves one usage record and releases
+its concurrency slot, once.
 """
 
 import asyncio
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
 
+from inference import ratelimit, usage
+from inference.auth import inference_principal
 from inference.engine import EngineRequest, SamplingParams
+from inference.errors import ContextLengthExceeded
+from inference.host.engine_host import HOST
+from inference.metrics import HTTP_REQUESTS
+from inference.resolution import ResolvedModel, resolve_model
 from platform_site.error_responses import error_body, to_api_error
 from platform_site.errors import RequestTooLarge
 from platform_site.request_end import on_request_end
 from tenants.models import UsageRecord
 from tenants.principal import Principal
 
-from . import ratelimit, usage
-from .auth import inference_principal
 from .choices import ChoiceStreams
+from .completion_builder import SSE_DONE, CompletionBuilder, sse
 from .constraints import compile_constraint
-from .engine_host import HOST
-from .errors import ContextLengthExceeded, ProtocolError
 from .max_tokens import max_tokens_for
-from .metrics import HTTP_REQUESTS
-from .openai_protocol import load_json, parse_chat_request, parse_completion_request
-from .openai_responses import SSE_DONE, CompletionBuilder, sse
-from .resolution import ResolvedModel, resolve_model
+from .protocol import GenerationRequest, load_json
 
 if TYPE_CHECKING:
-    from inference.engine import AsyncLLMEngine
+    from inference.engine import AsyncLLMEngine, LLMEngine
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """What sets one generating endpoint apart: how its body reads, what it refuses that the
+    model cannot do, and how its prompt becomes token ids."""
+
+    kind: str  # the builder's and the metrics' name: "chat" or "text"
+    usage_name: str  # the endpoint a usage record names
+    parse: Callable[[dict], GenerationRequest]
+    prompt_ids: Callable[["LLMEngine", GenerationRequest], list[int]]
+    check: Callable[[GenerationRequest, "LLMEngine"], None] = lambda parsed, llm: None
 
 
 @dataclass
 class Prepared:
-    kind: str  # "chat" or "text"
+    endpoint: Endpoint
     principal: Principal
     resolved: ResolvedModel
     engine: "AsyncLLMEngine"
@@ -62,59 +74,85 @@ class Prepared:
     finished: bool = False  # _finish ran: the slot is released and the usage recorded
     reservation: ratelimit.Reservation | None = None  # tokens set aside, settled by _finish
 
+    @property
+    def kind(self) -> str:
+        return self.endpoint.kind
 
-async def prepare(request, kind: str) -> Prepared:
+
+async def prepare(request, endpoint: Endpoint) -> Prepared:
     principal = await sync_to_async(inference_principal)(request)
+    parsed = endpoint.parse(_body(request))
+    await sync_to_async(ratelimit.check_request_rate)(principal=principal)
+    await sync_to_async(ratelimit.check_token_budget)(tenant_id=principal.tenant.id)
+    engine = await HOST.started_engine()
+    resolved = await sync_to_async(resolve_model)(
+        tenant=principal.tenant, name=parsed.model, base_model_name=HOST.served_name()
+    )
+    llm = engine.engine
+    endpoint.check(parsed, llm)
+    refuse_overlong_text(parsed, llm)
+    prompt_ids = await sync_to_async(endpoint.prompt_ids, thread_sensitive=False)(llm, parsed)
+    max_tokens = _max_tokens(parsed, llm, len(prompt_ids))
+    prepared = Prepared(
+        endpoint=endpoint,
+        principal=principal,
+        resolved=resolved,
+        engine=engine,
+        prompt_ids=prompt_ids,
+        params=await _sampling_params(parsed, engine, max_tokens),
+        builder=_builder(endpoint, parsed, llm),
+        include_usage=parsed.include_usage,
+        stream=parsed.stream,
+    )
+    await _admit(prepared, tokens=len(prompt_ids) + parsed.n * max_tokens)
+    return prepared
+
+
+def _body(request) -> dict:
     length = int(request.META.get("CONTENT_LENGTH") or 0)
     if length > settings.MAX_REQUEST_BYTES:
         raise RequestTooLarge(
             f"The request body is {length} bytes; the limit is {settings.MAX_REQUEST_BYTES}."
         )
-    body = load_json(request.body)
-    parsed = parse_chat_request(body) if kind == "chat" else parse_completion_request(body)
-    await sync_to_async(ratelimit.check_request_rate)(principal=principal)
-    await sync_to_async(ratelimit.check_token_budget)(tenant_id=principal.tenant.id)
-    engine = HOST.engine or await sync_to_async(HOST.start, thread_sensitive=False)()
-    assert HOST.model is not None, "set together with the engine"
-    resolved = await sync_to_async(resolve_model)(
-        tenant=principal.tenant, name=parsed.model, base_model_name=HOST.model.name
-    )
-    llm = engine.engine
-    if parsed.tool_use is not None and not llm.tokenizer.supports_tools:
-        raise ProtocolError(
-            "This model's chat template does not support tools: it would not show them to "
-            'the model. Send no tools, or tool_choice "none".',
-            param="tools",
-        )
-    _refuse_overlong_text(parsed, llm)
-    tools = parsed.tool_use.template_tools() if parsed.tool_use is not None else None
-    prompt_ids = await sync_to_async(_prompt_ids, thread_sensitive=False)(
-        llm.tokenizer, parsed, tools
-    )
-    room = llm.max_seq_len - len(prompt_ids)
+    return load_json(request.body)
+
+
+def _max_tokens(parsed: GenerationRequest, llm: "LLMEngine", prompt_tokens: int) -> int:
+    """Each choice's budget: the request's or the deployment's default, within the context."""
+    room = llm.max_seq_len - prompt_tokens
     if room < 1:
         raise ContextLengthExceeded(
-            f"The prompt is {len(prompt_ids)} tokens; this model's context holds {llm.max_seq_len} "
-            "including at least one generated token.",
-            param="messages" if parsed.messages is not None else "prompt",
+            f"The prompt is {prompt_tokens} tokens; this model's context holds "
+            f"{llm.max_seq_len} including at least one generated token.",
+            param=_prompt_param(parsed),
         )
     max_tokens = max_tokens_for(parsed.max_tokens, parsed.max_tokens_param, room)
     if max_tokens > room:
         param = parsed.max_tokens_param
         raise ContextLengthExceeded(
-            f"{param} is {max_tokens} but the prompt ({len(prompt_ids)} tokens) leaves room "
+            f"{param} is {max_tokens} but the prompt ({prompt_tokens} tokens) leaves room "
             f"for {room} in this model's {llm.max_seq_len}-token context.",
             param=param,
         )
-    constrained: dict = {}  # the JSON the output must be, compiled off the event loop
+    return max_tokens
+
+
+async def _sampling_params(
+    parsed: GenerationRequest, engine: "AsyncLLMEngine", max_tokens: int
+) -> list[SamplingParams]:
+    """One per choice; the JSON the output must be is compiled here, off the event loop."""
+    constrained: dict = {}
     if parsed.constraint is not None:
         constrained["structured_output"] = await compile_constraint(engine, parsed.constraint)
-    params = [
+    return [
         SamplingParams(max_tokens=max_tokens, **parsed.sampling_kwargs(choice), **constrained)
         for choice in range(parsed.n)
     ]
-    builder = CompletionBuilder(
-        kind=kind,
+
+
+def _builder(endpoint: Endpoint, parsed: GenerationRequest, llm: "LLMEngine") -> CompletionBuilder:
+    return CompletionBuilder(
+        kind=endpoint.kind,
         model=parsed.model,
         logprobs=parsed.logprobs,
         n=parsed.n,
@@ -122,65 +160,44 @@ async def prepare(request, kind: str) -> Prepared:
         tool_use=parsed.tool_use,
         decode_token=lambda tid: llm.tokenizer.decode([tid], skip_special_tokens=False),
     )
-    prepared = Prepared(
-        kind=kind,
-        principal=principal,
-        resolved=resolved,
-        engine=engine,
-        prompt_ids=prompt_ids,
-        params=params,
-        builder=builder,
-        include_usage=parsed.include_usage,
-        stream=parsed.stream,
-    )
-    ratelimit.acquire_slot(principal.tenant.id)
+
+
+async def _admit(prepared: Prepared, *, tokens: int) -> None:
+    """The tenant's concurrency slot and token reservation, then the engine takes the
+    choices; whatever refuses the request gives both back."""
+    tenant_id = prepared.principal.tenant.id
+    ratelimit.acquire_slot(tenant_id)
     try:
         prepared.reservation = await sync_to_async(ratelimit.reserve_tokens)(
-            tenant_id=principal.tenant.id, tokens=len(prompt_ids) + parsed.n * max_tokens
+            tenant_id=tenant_id, tokens=tokens
         )
         prepared.outputs = _start(prepared)  # the engine validates here: errors are still 4xx
     except BaseException:
-        ratelimit.release_slot(principal.tenant.id)
+        ratelimit.release_slot(tenant_id)
         ratelimit.settle_tokens(prepared.reservation, used=0)
         raise
     _finish_when_the_request_ends(prepared)
-    return prepared
 
 
-def _refuse_overlong_text(parsed, llm) -> None:
+def _prompt_param(parsed: GenerationRequest) -> str:
+    return "messages" if parsed.messages is not None else "prompt"
+
+
+def refuse_overlong_text(parsed: GenerationRequest, llm: "LLMEngine") -> None:
     """No token covers more than `max_token_chars` characters, so a longer text cannot fit
     the context however it tokenizes: refuse it without spending a second tokenizing it."""
     if isinstance(parsed.prompt, list):
         size, unit, bound = len(parsed.prompt), "tokens", llm.max_seq_len - 1
     else:
         texts = [m["content"] for m in parsed.messages] if parsed.messages else [parsed.prompt]
-        size, unit = sum(len(t) for t in texts), "characters"
+        size, unit = sum(len(t or "") for t in texts), "characters"
         bound = llm.max_seq_len * llm.tokenizer.max_token_chars
     if size > bound:
         raise ContextLengthExceeded(
             f"The prompt is {size} {unit}; this model's context holds {llm.max_seq_len} tokens "
             "including at least one generated token.",
-            param="messages" if parsed.messages is not None else "prompt",
+            param=_prompt_param(parsed),
         )
-
-
-def _prompt_ids(tokenizer, parsed, tools: list[dict] | None = None) -> list[int]:
-    """`tools`: the function definitions the chat template shows the model."""
-    if parsed.messages is not None:
-        text = tokenizer.apply_chat_template(
-            parsed.messages, add_generation_prompt=True, tools=tools
-        )
-        return tokenizer.encode(text, add_special_tokens=False)
-    if isinstance(parsed.prompt, list):
-        bad = [t for t in parsed.prompt if t >= tokenizer.vocab_size]
-        if bad:
-            raise ProtocolError(
-                f"prompt holds token id {bad[0]}, outside the vocabulary of "
-                f"{tokenizer.vocab_size}.",
-                param="prompt",
-            )
-        return list(parsed.prompt)
-    return tokenizer.encode(parsed.prompt)
 
 
 def _finish_when_the_request_ends(prepared: Prepared) -> None:
@@ -285,7 +302,7 @@ def _finish(prepared: Prepared, status: str):
         api_key_id=prepared.principal.api_key.id if prepared.principal.api_key else None,
         adapter_version_id=prepared.resolved.version.id if prepared.resolved.version else None,
         model=b.model,
-        endpoint="chat.completions" if prepared.kind == "chat" else "completions",
+        endpoint=prepared.endpoint.usage_name,
         prompt_tokens=b.prompt_tokens or len(prepared.prompt_ids),
         completion_tokens=b.completion_tokens,
         ttft_ms=int((prepared.first_token_at - prepared.started) * 1000)

@@ -6,12 +6,12 @@ the context (thousands of tokens, minutes of an engine's time) whenever the mode
 stop by itself. LORAPLEX_DEFAULT_MAX_TOKENS bounds it (0: the end of the context, as
 before); LORAPLEX_MAX_TOKENS_CAP refuses a request that asks for more (0: no cap), as OpenAI
 refuses a `max_tokens` past a model's output limit, rather than cut the answer short
-unasked. The prompt's room in the context is checked by the caller (inference/generation.py).
+unasked. The prompt's room in the context is checked by the caller (generation.py).
 """
 
 from django.conf import settings
 
-from .errors import ProtocolError
+from inference.errors import ProtocolError
 
 
 def max_tokens_for(requested: int | None, param: str, room: int) -> int:

@@ -1,16 +1,17 @@
-"""The OpenAI-compatible `/v1` endpoints in the OpenAPI schema at /api/schema/.
+"""The OpenAI-compatible endpoints' part of the OpenAPI schema (inference/openapi.py).
 
-They are plain async Django views (inference/views.py), which drf-spectacular does not see,
-so this postprocessing hook (SPECTACULAR_SETTINGS["POSTPROCESSING_HOOKS"]) adds them from
-the fragments below: /api/docs/ then shows every API a caller has, and the API fuzz tests
-(tests/fuzz/) generate requests for them from the same description. The fragments describe
-what inference/openai_protocol.py accepts; a change there belongs here too.
+The request schemas describe what protocol.py accepts: each one's properties are checked
+against the parser's field sets and bounds (tests/inference/openai/test_openapi_fields.py),
+so the two cannot drift apart.
 """
 
 from typing import Any
 
-from . import operator_protocol as protocol
-from .openai_protocol import (
+from inference.openapi_common import ERROR_SCHEMAS, KEY_OR_SESSION
+from inference.openapi_common import errors as _errors
+from inference.openapi_common import ref as _ref
+
+from .protocol import (
     MAX_CHOICES,
     MAX_COUNT,
     MAX_SEED,
@@ -20,37 +21,6 @@ from .openai_protocol import (
 from .tools import MAX_TOOLS
 
 OPENAI_TAG = "OpenAI-compatible"
-OPERATOR_TAG = "Operators"
-# The key scheme drf-spectacular derives from tenants/authentication.py, and the session.
-KEY_OR_SESSION: list[dict[str, list]] = [{"ApiKey": []}, {"cookieAuth": []}]
-OPERATOR_AUTH: list[dict[str, list]] = [{"OperatorToken": []}, {"cookieAuth": []}]
-
-_ERROR_REF = {"$ref": "#/components/schemas/OpenAIError"}
-
-
-def _ref(name: str) -> dict:
-    return {"$ref": f"#/components/schemas/{name}"}
-
-
-def _errors(*statuses: int) -> dict[str, dict]:
-    reasons = {
-        400: "The body or a parameter is invalid (`param` names it).",
-        401: "No valid credentials.",
-        403: "The credentials do not allow this.",
-        404: "No such model for this tenant (the same answer for another tenant's).",
-        405: "Wrong method (`Allow` names the right one).",
-        409: "The version cannot be served by this base model.",
-        413: "The body is over LORAPLEX_MAX_REQUEST_BYTES.",
-        429: "Over a rate limit (`Retry-After` says when to retry).",
-        503: "The engine or the adapter is not available now.",
-    }
-    return {
-        str(status): {
-            "description": reasons[status],
-            "content": {"application/json": {"schema": _ERROR_REF}},
-        }
-        for status in statuses
-    }
 
 
 _NAME_PATTERN = "^[a-zA-Z0-9_-]{1,64}$"  # OpenAI's rule for schema and function names
@@ -209,26 +179,7 @@ def _needs(option: str, switch: str) -> dict:
 
 
 SCHEMAS: dict[str, dict[str, Any]] = {
-    "OpenAIError": {
-        "type": "object",
-        "required": ["error"],
-        "properties": {
-            "error": {
-                "type": "object",
-                "required": ["message", "type", "param", "code"],
-                "properties": {
-                    "message": {"type": "string"},
-                    "type": {"type": "string"},
-                    "param": {
-                        "type": "string",
-                        "nullable": True,
-                        "description": "The request field at fault; null when no one field is.",
-                    },
-                    "code": {"type": "string", "description": "See docs/errors.md."},
-                },
-            }
-        },
-    },
+    **ERROR_SCHEMAS,
     "TextPart": {
         "type": "object",
         "required": ["type", "text"],
@@ -430,74 +381,6 @@ SCHEMAS: dict[str, dict[str, Any]] = {
             "data": {"type": "array", "items": _ref("Model")},
         },
     },
-    "LoraName": {
-        "type": "object",
-        "required": [protocol.LORA_NAME],
-        "properties": {
-            protocol.LORA_NAME: {
-                "type": "string",
-                "description": "`<tenant>/<adapter>[@alias|:n]`",
-            }
-        },
-        "additionalProperties": False,
-    },
-    "LoadLora": {
-        "type": "object",
-        "required": [protocol.LORA_NAME],
-        "additionalProperties": False,
-        "properties": {
-            protocol.LORA_NAME: {
-                "type": "string",
-                "description": "`<tenant>/<adapter>[@alias|:n]`; with `lora_path`, "
-                "`<tenant>/<adapter>`.",
-            },
-            protocol.LORA_PATH: {
-                "type": "string",
-                "description": "vLLM's: an absolute folder under LORAPLEX_LORA_PATH_ROOTS or "
-                "`s3://bucket/prefix/` (a bucket in LORAPLEX_S3_IMPORT_BUCKETS), registered as "
-                "the adapter's next version through validation and the quality gate.",
-            },
-            protocol.LOAD_INPLACE: {
-                "type": "boolean",
-                "description": "vLLM's: replace an adapter whose newest version holds other "
-                "files (without it: 409).",
-            },
-        },
-    },
-    "OperatorResult": {
-        "type": "object",
-        "properties": {
-            protocol.LORA_NAME: {"type": "string"},
-            "action": {"type": "string"},
-            "status": {"type": "string", "enum": ["ok"]},
-            "version": {"type": "string", "description": "With `lora_path`: `tenant/adapter:n`."},
-            "created": {"type": "boolean", "description": "With `lora_path`: a new version."},
-        },
-    },
-    "LoadedAdapters": {
-        "type": "object",
-        "required": ["object", "data"],
-        "properties": {
-            "object": {"type": "string", "enum": ["list"]},
-            "data": {
-                "type": "array",
-                "items": {
-                    "type": "object",
-                    "properties": {
-                        "name": {"type": "string"},
-                        "adapter_id": {"type": "string"},
-                        "tier": {"type": "string", "enum": ["device", "host", "disk"]},
-                        "slot": {"type": "integer", "nullable": True},
-                        "pinned": {"type": "boolean"},
-                        "loading": {"type": "boolean"},
-                        "rank": {"type": "integer", "nullable": True},
-                        "running": {"type": "integer"},
-                        "waiting": {"type": "integer"},
-                    },
-                },
-            },
-        },
-    },
 }
 
 
@@ -522,28 +405,6 @@ def _generation(summary: str, request_schema: str, operation_id: str) -> dict:
                     },
                 },
                 **_errors(400, 401, 403, 404, 405, 409, 413, 429, 503),
-            },
-        }
-    }
-
-
-def _operator_action(action: str, summary: str, body: str = "LoraName") -> dict:
-    return {
-        "post": {
-            "operationId": f"operator_{action}",
-            "summary": summary,
-            "tags": [OPERATOR_TAG],
-            "security": OPERATOR_AUTH,
-            "requestBody": {
-                "required": True,
-                "content": {"application/json": {"schema": _ref(body)}},
-            },
-            "responses": {
-                "200": {
-                    "description": "Done.",
-                    "content": {"application/json": {"schema": _ref("OperatorResult")}},
-                },
-                **_errors(400, 401, 403, 404, 405, 409, 503),
             },
         }
     }
@@ -597,44 +458,4 @@ PATHS: dict[str, dict] = {
             },
         }
     },
-    protocol.path(protocol.LOAD): _operator_action(
-        protocol.LOAD, "Load and pin an adapter (vLLM's body: files by `lora_path`)", "LoadLora"
-    ),
-    protocol.path(protocol.UNLOAD): _operator_action(protocol.UNLOAD, "Unload an adapter"),
-    protocol.path(protocol.PIN): _operator_action(protocol.PIN, "Pin an adapter in a slot"),
-    protocol.path(protocol.UNPIN): _operator_action(protocol.UNPIN, "Let the LRU evict it again"),
-    protocol.path(protocol.LIST): {
-        "get": {
-            "operationId": "operator_lora_adapters",
-            "summary": "The adapters this engine knows, by tier",
-            "tags": [OPERATOR_TAG],
-            "security": OPERATOR_AUTH,
-            "responses": {
-                "200": {
-                    "description": "Every adapter the engine knows.",
-                    "content": {"application/json": {"schema": _ref("LoadedAdapters")}},
-                },
-                **_errors(401, 403, 405),
-            },
-        }
-    },
 }
-
-SECURITY_SCHEMES = {
-    "OperatorToken": {
-        "type": "http",
-        "scheme": "bearer",
-        "description": "LORAPLEX_OPERATOR_TOKEN (or a staff session).",
-    }
-}
-
-
-def add_v1_paths(result: dict, generator=None, request=None, public=None) -> dict:
-    """drf-spectacular postprocessing hook: the /v1 paths, their schemas and security."""
-    result.setdefault("paths", {}).update(PATHS)
-    components = result.setdefault("components", {})
-    components.setdefault("schemas", {}).update(SCHEMAS)
-    components.setdefault("securitySchemes", {}).update(SECURITY_SCHEMES)
-    tags = result.setdefault("tags", [])
-    tags.extend({"name": name} for name in (OPENAI_TAG, OPERATOR_TAG))
-    return result

@@ -1,17 +1,20 @@
-"""Parsing OpenAI-style request bodies into what the engine needs, refusing what it can't honour.
+"""Parsing chat and completion request bodies into what the engine needs, refusing what it
+can't honour.
 
 Pure functions, no Django: every refusal is a `ProtocolError` naming the parameter, so a
 client learns at once that (say) `presence_penalty` is not supported instead of getting
-an answer that silently ignored it. `response_format` is parsed in
-inference/response_format.py, `tools` and `tool_choice` in inference/tools.py.
+an answer that silently ignored it. `response_format` is parsed in response_format.py,
+`tools` and `tool_choice` in tools.py, `messages` by the engine's chat_messages.py.
 """
 
 import json
 from dataclasses import dataclass, field
 
+from inference.engine.chat_messages import parse_messages
+from inference.engine.errors import InvalidMessagesError
+from inference.errors import InvalidJson, ProtocolError, UnknownParameter, UnsupportedParameter
+
 from .constraints import JsonConstraint
-from .errors import InvalidJson, ProtocolError, UnknownParameter, UnsupportedParameter
-from .fields import refuse_extra_fields
 from .response_format import parse_response_format
 from .tools import ToolUse, parse_tool_use
 
@@ -42,7 +45,14 @@ _NEUTRAL: dict[str, tuple] = {
     "modalities": (["text"],),
 }
 # Metadata with no effect on generation.
-_IGNORED = {"user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier"}
+IGNORED_FIELDS = {
+    "user",
+    "metadata",
+    "store",
+    "service_tier",
+    "prompt_cache_key",
+    "safety_identifier",
+}
 _COMMON = {
     "model",
     "stream",
@@ -68,11 +78,6 @@ CHAT_FIELDS = _COMMON | {
     "parallel_tool_calls",
 }
 COMPLETION_FIELDS = _COMMON | {"prompt", "max_tokens", "logprobs"}
-TEXT_ROLES = {"system", "developer", "user", "assistant"}
-CHAT_ROLES = TEXT_ROLES | {"tool"}
-_FIELDS = {"role", "content", "name"}
-_ASSISTANT_FIELDS = _FIELDS | {"tool_calls", "refusal"}
-_TOOL_FIELDS = {"role", "content", "tool_call_id"}
 
 
 @dataclass
@@ -129,7 +134,7 @@ def load_json(raw: bytes) -> dict:
 def parse_chat_request(body: dict) -> GenerationRequest:
     _refuse_unsupported(body, CHAT_FIELDS)
     request = _parse_common(body)
-    request.messages = _parse_messages(body.get("messages"), with_tools=True)
+    request.messages = parse_chat_messages(body.get("messages"), with_tools=True)
     request.tool_use = parse_tool_use(body)
     forced = request.tool_use.forced_constraint() if request.tool_use else None
     if request.tool_use is not None and request.constraint is not None:
@@ -163,16 +168,18 @@ def parse_completion_request(body: dict) -> GenerationRequest:
     return request
 
 
-def parse_chat_messages(messages) -> list[dict]:
-    """`messages` checked as a chat request's, without tool calls and tool results (the
-    registry's eval sets use it): a list of `{"role", "content"}` dicts with roles
-    normalised, or a ProtocolError naming the offending `messages[i]` field."""
-    return _parse_messages(messages, with_tools=False)
+def parse_chat_messages(messages, *, with_tools: bool = False) -> list[dict]:
+    """`messages` as the chat template takes them; `with_tools`: with tool calls and tool
+    results. A ProtocolError names the offending `messages[i]` field."""
+    try:
+        return parse_messages(messages, with_tools=with_tools)
+    except InvalidMessagesError as exc:
+        raise ProtocolError(str(exc), param=exc.param) from None
 
 
 def _refuse_unsupported(body: dict, allowed: set[str]):
     for name, value in body.items():
-        if name in allowed or name in _IGNORED:
+        if name in allowed or name in IGNORED_FIELDS:
             continue
         if name in _NEUTRAL:
             if value is None or value in _NEUTRAL[name]:
@@ -277,142 +284,6 @@ def _parse_stop(stop) -> list[str]:
         "stop",
     )
     return stops
-
-
-def _parse_messages(messages, *, with_tools: bool = False) -> list[dict]:
-    """`with_tools`: assistant messages may carry `tool_calls`, and `tool` messages answer
-    them (each right after the calls it answers, as OpenAI requires)."""
-    _require(
-        isinstance(messages, list) and messages, "messages must be a non-empty list.", "messages"
-    )
-    roles = CHAT_ROLES if with_tools else TEXT_ROLES
-    parsed = []
-    pending: set[str] = set()  # ids of the latest tool calls no tool message answered yet
-    for i, message in enumerate(messages):
-        where = f"messages[{i}]"
-        _require(isinstance(message, dict), f"{where} must be an object.", where)
-        role = message.get("role")
-        _require(
-            isinstance(role, str) and role in roles,
-            f"{where}.role must be one of {', '.join(sorted(roles))}; got {role!r}.",
-            f"{where}.role",
-        )
-        if role == "tool":
-            parsed.append(_parse_tool_result(message, where, pending))
-            continue
-        pending = set()
-        if role == "assistant" and with_tools:
-            refuse_extra_fields(message, _ASSISTANT_FIELDS, where)
-            entry = _parse_assistant(message, where)
-            pending = {call["id"] for call in entry.get("tool_calls", [])}
-            parsed.append(entry)
-            continue
-        refuse_extra_fields(message, _FIELDS, where)
-        content = _message_text(message.get("content"), where)
-        if role != "assistant":
-            _require(content.strip(), f"{where}.content must not be empty.", f"{where}.content")
-        parsed.append({"role": "system" if role == "developer" else role, "content": content})
-    _require(
-        parsed[-1]["role"] != "assistant" or len(parsed) > 1,
-        "messages must hold at least one system or user message.",
-        "messages",
-    )
-    return parsed
-
-
-def _parse_assistant(message: dict, where: str) -> dict:
-    """An assistant turn; its `tool_calls` go to the chat template as Hugging Face's templates
-    read them: each call's `arguments` an object, not OpenAI's JSON string."""
-    refusal = message.get("refusal")
-    _require(
-        refusal is None or isinstance(refusal, str),
-        f"{where}.refusal must be a string or null.",
-        f"{where}.refusal",
-    )
-    calls = _parse_tool_calls(message.get("tool_calls"), where)
-    content = message.get("content")
-    text = "" if content is None and calls else _message_text(content, where)
-    return {"role": "assistant", "content": text, **({"tool_calls": calls} if calls else {})}
-
-
-def _parse_tool_calls(calls, where: str) -> list[dict]:
-    if calls is None:
-        return []
-    _require(isinstance(calls, list), f"{where}.tool_calls must be a list.", f"{where}.tool_calls")
-    parsed = []
-    for j, call in enumerate(calls):
-        at = f"{where}.tool_calls[{j}]"
-        function = call.get("function") if isinstance(call, dict) else None
-        _require(
-            isinstance(call, dict)
-            and set(call) == {"id", "type", "function"}
-            and call["type"] == "function"
-            and isinstance(call["id"], str)
-            and call["id"]
-            and isinstance(function, dict)
-            and set(function) == {"name", "arguments"}
-            and isinstance(function["name"], str)
-            and isinstance(function["arguments"], str),
-            f'{at} must be {{"id": str, "type": "function", "function": {{"name": str, '
-            '"arguments": str}}}.',
-            at,
-        )
-        assert isinstance(function, dict)  # for mypy: checked above
-        try:
-            arguments = json.loads(function["arguments"])
-        except ValueError:
-            arguments = None
-        _require(
-            isinstance(arguments, dict),
-            f"{at}.function.arguments must be a JSON object, as a string.",
-            f"{at}.function.arguments",
-        )
-        parsed.append(
-            {
-                "id": call["id"],
-                "type": "function",
-                "function": {"name": function["name"], "arguments": arguments},
-            }
-        )
-    return parsed
-
-
-def _parse_tool_result(message: dict, where: str, pending: set[str]) -> dict:
-    """A tool's answer to one of the calls of the assistant message just before."""
-    refuse_extra_fields(message, _TOOL_FIELDS, where)
-    call_id = message.get("tool_call_id")
-    if not (isinstance(call_id, str) and call_id in pending):
-        raise ProtocolError(
-            f"{where}.tool_call_id must name a tool call of the assistant message before it "
-            f"that no tool message answered yet; got {call_id!r}.",
-            param=f"{where}.tool_call_id",
-        )
-    pending.discard(call_id)
-    content = _message_text(message.get("content"), where)
-    return {"role": "tool", "content": content, "tool_call_id": call_id}
-
-
-def _message_text(content, where: str) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        texts = []
-        for j, part in enumerate(content):
-            ok = (
-                isinstance(part, dict)
-                and part.get("type") == "text"
-                and isinstance(part.get("text"), str)
-            )
-            _require(
-                ok,
-                f"{where}.content[{j}] must be a text part; only text is supported.",
-                f"{where}.content",
-            )
-            texts.append(part["text"])
-        return "".join(texts)
-    raise ProtocolError(
-        f"{where}.content must be a string or a list of text parts.", param=f"{where}.content"
-    )
 
 
 def _parse_prompt(prompt) -> str | list[int]:

@@ -1,8 +1,9 @@
 """`response_format`, as OpenAI defines it: plain text, any JSON object, or JSON valid against
 a named schema. Pure parsing; every refusal names the field at fault."""
 
+from inference.errors import ProtocolError
+
 from .constraints import JsonConstraint, require_json_schema, require_name
-from .errors import ProtocolError
 from .fields import refuse_extra_fields
 
 PARAM = "response_format"

@@ -1,11 +1,9 @@
 """GET /v1/models for one tenant: the base models, each adapter, and each adapter@alias; and
 GET /v1/models/{model}, one of those (the same names, so the two never disagree)."""
 
+from inference.errors import ModelNotFound
 from registry.model_names import alias_name
-from registry.models import AdapterVersion, BaseModel
-from registry.selectors import adapter_list, alias_list
-
-from .errors import ModelNotFound
+from registry.selectors import adapters_with_ready_versions, alias_list, base_model_list
 
 
 def models_for_tenant(*, tenant) -> list[dict]:
@@ -13,7 +11,7 @@ def models_for_tenant(*, tenant) -> list[dict]:
     any of them, `parent` naming the base model each runs on. The whole deployment's list,
     whichever replica answers: a model of another base than the answering replica's is
     served through the router's route for its base (docker/haproxy.cfg)."""
-    bases = list(BaseModel.objects.order_by("name"))
+    bases = list(base_model_list().order_by("name"))
     data = [
         {
             "id": base.name,
@@ -25,12 +23,7 @@ def models_for_tenant(*, tenant) -> list[dict]:
         }
         for base in bases
     ]
-    ready = set(
-        AdapterVersion.objects.filter(
-            adapter__tenant=tenant, status=AdapterVersion.READY
-        ).values_list("adapter_id", flat=True)
-    )
-    adapters = adapter_list(tenant=tenant).filter(id__in=ready).select_related("base_model")
+    adapters = adapters_with_ready_versions(tenant=tenant)
     for adapter in adapters.order_by("name"):
         data.append(_entry(adapter.name, adapter, tenant))
     aliases = alias_list(tenant=tenant).select_related("adapter__base_model")

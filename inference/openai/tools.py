@@ -4,7 +4,7 @@ the chat template is shown, and the JSON a forced call is held to.
 - `tool_choice: "none"`: the tools are checked but neither shown to the model nor looked for
   in its answer, which is plain content (OpenAI: the model calls no tool).
 - `"auto"` (the default with tools): the template shows the tools; calls the model writes in
-  its answer are parsed out of it (inference/tool_calls.py).
+  its answer are parsed out of it (tool_calls/).
 - `"required"`: the answer is held to a JSON array of one or more `{"name", "arguments"}`
   calls, each `arguments` valid against its tool's `parameters` (at most one call with
   `parallel_tool_calls: false`).
@@ -15,8 +15,9 @@ the chat template is shown, and the JSON a forced call is held to.
 from dataclasses import dataclass
 from typing import Any
 
+from inference.errors import ProtocolError
+
 from .constraints import JsonConstraint, require_json_schema, require_name
-from .errors import ProtocolError
 from .fields import refuse_extra_fields
 
 MAX_TOOLS = 128  # OpenAI's limit

@@ -1,36 +1,13 @@
-"""The quality gate's scoring endpoint, `POST /v1/internal/score`: how well an adapter version,
-and the base model alone, predict an eval set's completions. The Celery worker that evaluates
-versions calls it through registry/engines.py (`score_on_engine`); nothing else should.
+"""The quality gate's scoring: how well an adapter version, and the base model alone,
+predict an eval set's completions (POST /v1/internal/score, described in the OpenAPI
+schema). The Celery worker that evaluates versions calls it through registry/engines.py.
 
-Operators only, like the operator endpoints (inference/operator.py): the operator token, or a
-staff session with the `registry.operate_engines` permission (and the CSRF token). The body:
-
-    {"adapter_version": "<version uid>" | null,
-     "rows": [{"messages": [...], "completion": "..."} | {"prompt": "...", "completion": "..."}]}
-
-- A row's prompt is what the OpenAI-compatible API would run: `messages` rendered with the
-  base model's chat template and its generation prompt, then encoded without special tokens
-  (/v1/chat/completions); a text `prompt` encoded as /v1/completions encodes it.
-- Its completion is encoded without special tokens. In a chat row the completion is the
-  assistant's turn, so it ends where the template ends that turn: when the template writes a
-  token that ends generation right after the assistant's text (ChatML's `<|im_end|>`), that
-  token is scored after the completion and counted in `tokens`. An adapter that says the
-  right words but does not stop is then worse than one that stops. A text prompt's
-  completion is scored as it is: plain text has no end of turn.
-- The version is looked up by uid, not through tenants' model names (a version awaiting its
-  evaluation is not servable to tenants, yet must be scored). It must be ready and checked
-  compatible with the revision of the base model this engine serves (`scorable_version`);
-  `null` scores the base model alone.
-
-The answer: `base_revision` (the revision the figures were computed on), per row `tokens` and
-the summed negative log-likelihood under the adapter (`adapter_nll`, null without a version)
-and under the base model (`base_nll`), and in total, for each of `adapter` (null without a
-version) and `base`, `tokens`, `nll` (the mean per token) and `perplexity` (exp of it).
-
-Everything that can refuse the request (auth, the body, the version, the context length) is
-checked before anything reaches the engine. Each row is then scored twice (adapter and base)
-at background priority, a few rows at a time: tenants' traffic goes first and is delayed by at
-most the engine step under way.
+A row's prompt is what the OpenAI-compatible API would run, so a score measures what tenants
+get. A chat row's completion ends where the template ends the assistant's turn (ChatML's
+`<|im_end|>` is scored too), so an adapter that says the right words but does not stop scores
+worse than one that stops. Versions are looked up by uid, not through tenants' model names:
+a version awaiting its evaluation is not servable to tenants, yet must be scored. Rows run at
+background priority, a few at a time, so tenants' traffic goes first.
 """
 
 from __future__ import annotations
@@ -45,25 +22,23 @@ from typing import TYPE_CHECKING, TypeVar
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.http import JsonResponse
 
 from inference.engine import Priority, TokenizerError
-
-from . import operator
-from .engine_host import HOST, ServedModel
-from .errors import (
+from inference.errors import (
     ContextLengthExceeded,
     ModelNotFound,
     ModelNotServable,
     ProtocolError,
     UnknownParameter,
 )
-from .generation import _prompt_ids
-from .openai_protocol import _parse_messages, load_json
-from .openai_responses import MIN_LOGPROB
-from .operator_protocol import ADAPTER_VERSION, ROWS
-from .resolution import lora_request_for
-from .views import json_endpoint, require_method
+from inference.host.engine_host import HOST, ServedModel
+from inference.openai.completion_builder import MIN_LOGPROB
+from inference.openai.protocol import load_json, parse_chat_messages
+from inference.openai.serving_chat import chat_prompt_ids
+from inference.openai.serving_completion import text_prompt_ids
+from inference.resolution import lora_request_for
+from platform_site.operator_protocol import ADAPTER_VERSION, ROWS
+from registry.selectors import version_find_by_uid
 
 if TYPE_CHECKING:
     from inference.engine import AsyncLLMEngine, LLMEngine, LoRARequest
@@ -184,7 +159,7 @@ def _parse_row(row, where: str) -> Row:
             )
         return Row(completion=completion, prompt=prompt)
     try:
-        messages = _parse_messages(row["messages"])  # as /v1/chat/completions reads them
+        messages = parse_chat_messages(row["messages"])  # as /v1/chat/completions reads them
     except ProtocolError as exc:  # `messages[0].role ...` -> `rows[3].messages[0].role ...`
         raise type(exc)(f"{where}.{exc.message}", param=f"{where}.{exc.param}") from None
     return Row(completion=completion, messages=messages)
@@ -198,13 +173,7 @@ def scorable_version(*, uid: uuid.UUID, served: ServedModel) -> AdapterVersion:
     serves, and checked compatible with the revision it runs. Not scoped to a tenant (the
     caller is an operator) and not through aliases or any evaluation gate: a version awaiting
     its evaluation must be scorable."""
-    from registry.models import AdapterVersion
-
-    version = (
-        AdapterVersion.objects.select_related("adapter__tenant", "adapter__base_model")
-        .filter(uid=uid)
-        .first()
-    )
+    version = version_find_by_uid(uid=uid)
     if version is None:
         raise ModelNotFound(str(uid), param=ADAPTER_VERSION)
     reason = _why_not_scorable(version, served)
@@ -249,7 +218,7 @@ def tokenize_rows(llm: LLMEngine, rows: list[Row]) -> list[TokenizedRow]:
         if row.chars > llm.max_seq_len * tokenizer.max_token_chars:  # too long however it encodes
             raise _too_long(where, f"{row.chars} characters", room)
         try:
-            prompt_ids = _prompt_ids(tokenizer, row)
+            prompt_ids = _row_prompt_ids(llm, row)
             completion_ids = tokenizer.encode(row.completion, add_special_tokens=False)
             if row.messages is not None:
                 completion_ids += turn_end
@@ -263,6 +232,13 @@ def tokenize_rows(llm: LLMEngine, rows: list[Row]) -> list[TokenizedRow]:
             raise _too_long(where, tokens, room)
         tokenized.append(TokenizedRow(prompt_ids, completion_ids))
     return tokenized
+
+
+def _row_prompt_ids(llm: LLMEngine, row: Row) -> list[int]:
+    if row.messages is not None:
+        return chat_prompt_ids(llm, row.messages)
+    assert row.prompt is not None, "a row holds messages or a prompt"
+    return text_prompt_ids(llm, row.prompt)
 
 
 def _too_long(where: str, size: str, room: int) -> ContextLengthExceeded:
@@ -354,15 +330,14 @@ def answer(version_uid: uuid.UUID | None, revision: str, scores: list[RowScore])
     }
 
 
-# ---------------------------------------------------------------- the view
+# ---------------------------------------------------------------- the request
 
 
-@json_endpoint
-async def score(request):
-    await sync_to_async(operator.authorize)(request)
-    require_method(request, "POST")
-    body = parse_score_body(load_json(request.body or b""), limit=max_rows())
-    engine = HOST.engine or await sync_to_async(HOST.start, thread_sensitive=False)()
+async def score_request(raw: bytes) -> dict:
+    """Everything that can refuse the request (the body, the version, the context length)
+    is checked before anything reaches the engine."""
+    body = parse_score_body(load_json(raw), limit=max_rows())
+    engine = await HOST.started_engine()
     served = HOST.model
     assert served is not None, "set together with the engine"
     lora = None
@@ -370,4 +345,4 @@ async def score(request):
         lora = await sync_to_async(_lora_request_for_uid)(body.version_uid, served)
     rows = await sync_to_async(tokenize_rows, thread_sensitive=False)(engine.engine, body.rows)
     scores = await score_rows(engine, rows, lora)
-    return JsonResponse(answer(body.version_uid, served.revision, scores))
+    return answer(body.version_uid, served.revision, scores)

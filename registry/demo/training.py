@@ -1,16 +1,12 @@
 """Train a LoRA adapter with PEFT: the loss on the completion's tokens only, seeded, on the CPU.
 
-Rows have the eval-set shape, `{"prompt": ..., "completion": ...}` or `{"messages": [...],
-"completion": ...}`, and are tokenised as the scoring endpoint tokenises them
-(inference/scoring_api.py): a text prompt encoded as /v1/completions encodes it, a chat prompt
-rendered by the base model's chat template with its generation prompt and encoded without
-special tokens; the completion encoded without special tokens, followed in a chat row by the
-template's end-of-turn token (`<|im_end|>`) when that token ends generation. So an adapter
-trained here on chat rows answers in the engine's chat format and learns to end its turn.
+Rows have the eval-set shape and are tokenised as the engines' scoring endpoint tokenises
+them (a chat row's completion followed by the template's end-of-turn token when that token
+ends generation), so an adapter trained on chat rows answers in the engine's chat format
+and learns to end its turn.
 
-Used by the demo adapters' training (`manage.py train_demo_adapters`) and by the quality
-gate's tests (tests/trained_adapter.py). Needs the development requirements (transformers
-and peft are references, never runtime dependencies), imported only when called.
+Used by `manage.py train_demo_adapters` and the quality gate's tests. transformers and peft
+are development requirements, never runtime ones: imported only when called.
 """
 
 from __future__ import annotations
@@ -47,7 +43,7 @@ def _eos_ids(tokenizer, model_dir: Path) -> set[int]:
 
 def _end_of_turn(tokenizer, eos_ids: set[int]) -> list[int]:
     """The token the chat template writes right after an assistant's text, if it ends
-    generation (scoring_api.end_of_turn)."""
+    generation, as the scoring endpoint finds it."""
     turn = [{"role": "user", "content": "?"}, {"role": "assistant", "content": _TURN_MARK}]
     rendered = tokenizer.apply_chat_template(turn, add_generation_prompt=False, tokenize=False)
     _, found, after = rendered.partition(_TURN_MARK)
@@ -189,15 +185,30 @@ def train_lora(
     land in `dest`, each replaced whole.
     """
     import torch
-    from peft import LoraConfig, get_peft_model
 
-    dest = Path(dest)
     encode = RowEncoder(base_dir)
     encoded = [encode(row) for row in rows]
     batch_size = batch_size or len(encoded)
-    per_epoch = math.ceil(len(encoded) / batch_size)
-    steps = epochs * per_epoch if steps is None else steps
-    torch.manual_seed(seed)
+    steps = epochs * math.ceil(len(encoded) / batch_size) if steps is None else steps
+    torch.manual_seed(seed)  # before PEFT draws the factors' initial values
+    model = _lora_model(base_dir, rank=rank, alpha=alpha, targets=targets)
+    with torch_threads(threads):
+        _fit(model, encoded, batch_size=batch_size, steps=steps, lr=lr, seed=seed, log=log)
+    model.eval()
+    dest = Path(dest)
+    _save(
+        model,
+        dest,
+        base_model_name=base_model_name or Path(base_dir).name,
+        weights_dtype=weights_dtype,
+    )
+    return dest
+
+
+def _lora_model(base_dir: str | Path, *, rank: int, alpha: int, targets: Sequence[str]):
+    """The base model with new LoRA factors on `targets`, in training mode."""
+    from peft import LoraConfig, get_peft_model
+
     lora = LoraConfig(
         r=rank,
         lora_alpha=alpha,
@@ -207,18 +218,38 @@ def train_lora(
     )
     model = quietly(get_peft_model, load_base(base_dir), lora)
     model.train()
+    return model
+
+
+def _fit(
+    model,
+    encoded: Sequence[tuple[list[int], list[int]]],
+    *,
+    batch_size: int,
+    steps: int,
+    lr: float,
+    seed: int,
+    log: Callable[[str], None] | None,
+) -> None:
+    """`steps` AdamW steps (no weight decay) on the completion loss of `_order`'s batches."""
+    import torch
+
     optimizer = torch.optim.AdamW(
         [p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.0
     )
-    with torch_threads(threads):
-        for step, picked in enumerate(_order(len(encoded), batch_size, steps, seed), 1):
-            optimizer.zero_grad()
-            loss = _completion_loss(model, *_batch([encoded[i] for i in picked]))
-            loss.backward()
-            optimizer.step()
-            if log is not None:
-                log(f"step {step}/{steps}: loss {loss.item():.3f}")
-    model.eval()
+    for step, picked in enumerate(_order(len(encoded), batch_size, steps, seed), 1):
+        optimizer.zero_grad()
+        loss = _completion_loss(model, *_batch([encoded[i] for i in picked]))
+        loss.backward()
+        optimizer.step()
+        if log is not None:
+            log(f"step {step}/{steps}: loss {loss.item():.3f}")
+
+
+def _save(model, dest: Path, *, base_model_name: str, weights_dtype: str | None) -> None:
+    """PEFT's two files into `dest`, each replaced whole, and nothing else."""
+    import torch
+
     dest.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=dest) as saved_dir:
         model.save_pretrained(saved_dir)  # also writes a model card: keep only the two files
@@ -226,11 +257,10 @@ def train_lora(
         if weights_dtype is not None:
             _store_as(saved / WEIGHTS_FILE, getattr(torch, weights_dtype))
         config = json.loads((saved / CONFIG_FILE).read_text())
-        config["base_model_name_or_path"] = base_model_name or Path(base_dir).name
+        config["base_model_name_or_path"] = base_model_name
         (saved / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         for name in (CONFIG_FILE, WEIGHTS_FILE):
             os.replace(saved / name, dest / name)
-    return dest
 
 
 def _store_as(weights: Path, dtype) -> None:

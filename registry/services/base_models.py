@@ -8,15 +8,14 @@ import logging
 import tempfile
 from pathlib import Path
 
-from django.conf import settings
 from django.db import transaction
+from django.db.models import QuerySet
 from django.utils import timezone
 
-from audit.services import SYSTEM_COMPATIBILITY, SYSTEM_EVALUATOR
+from audit.services import SYSTEM_COMPATIBILITY, SYSTEM_EVALUATOR, audit_record
 from inference.engine.errors import ModelLoadError
 from inference.engine.formats.safetensors_header import HeaderError, parse_header
 from inference.engine.lora.peft_rules import (
-    CONFIG_FILE,
     WEIGHTS_FILE,
     ArchFingerprint,
     Check,
@@ -30,14 +29,14 @@ from ..errors import ObjectMissing, RegistryError, StorageUnavailable
 from ..models import AdapterVersion, BaseModel, Evaluation
 from ..quality import short_revision
 from ..staging import download_version, version_dir
-from ..uploads import MAX_CONFIG_BYTES
-from ..validation import validate_adapter_files
 from .evaluations import USAGE_WINDOW, evaluation_request
 from .failures import log_unexpected
 from .quality import quality_mark_pending, quality_move
-from .transitions import transition
+from .transitions import transition, version_subject
+from .versions import version_files_check
 
 log = logging.getLogger(__name__)
+RECHECK_VERB = "version.recheck"
 _CHUNK = 4 * 1024 * 1024
 
 
@@ -171,18 +170,7 @@ def version_recheck(*, version: AdapterVersion, base_model: BaseModel) -> Adapte
                 prior = [download_version(version, folder)]
             except ObjectMissing as exc:
                 prior = [Check("sha256", False, exc.message)]
-        result = validate_adapter_files(
-            folder / CONFIG_FILE,
-            folder / WEIGHTS_FILE,
-            fingerprint=ArchFingerprint.from_dict(base_model.fingerprint),
-            max_lora_rank=settings.MAX_LORA_RANK,
-            max_saved_params=settings.MAX_SAVED_MODULE_PARAMS,
-            max_config_bytes=MAX_CONFIG_BYTES,
-            max_weights_bytes=settings.MAX_ADAPTER_BYTES,
-            base_model_name=base_model.name,
-            check_values=False,
-            prior_checks=prior,
-        )
+        result = version_files_check(folder, base_model=base_model, prior=prior, check_values=False)
     checked = transition(
         version.pk,
         AdapterVersion.Status.READY,
@@ -211,16 +199,39 @@ def _not_evaluated(version: AdapterVersion, base_model: BaseModel, why: str) -> 
     )
 
 
+def _unchecked(base_model: BaseModel) -> QuerySet[AdapterVersion]:
+    """Ready versions on `base_model` not checked against its current revision."""
+    return (
+        AdapterVersion.objects.filter(adapter__base_model=base_model, status=AdapterVersion.READY)
+        .exclude(checked_revision=base_model.revision)
+        .select_related("adapter__tenant")
+    )
+
+
+@transaction.atomic
+def base_model_recheck_request(*, base_model: BaseModel, actor: str) -> int:
+    """An operator's re-check of the versions on `base_model` (after a fault, say): each one
+    the re-check will look at is audited in its tenant's trail, and the re-check is queued
+    once this commits. Returns how many versions it will look at."""
+    versions = list(_unchecked(base_model))
+    for version in versions:
+        audit_record(
+            subject=version_subject(version),
+            actor=actor,
+            verb=RECHECK_VERB,
+            before={"revision": version.checked_revision, "compatible": version.compatible},
+            after={"base_model": base_model.name, "revision": base_model.revision},
+        )
+    queue.send_on_commit(queue.RECHECK, base_model.pk)
+    return len(versions)
+
+
 def base_model_recheck(*, base_model_id: int) -> dict[str, int]:
     """Re-check every ready version on this base model against its current revision, most
     used first, and queue the re-evaluation of each compatible one as soon as it is checked
     (so the evaluations run most used first too)."""
     base_model = BaseModel.objects.get(pk=base_model_id)
-    versions = list(
-        AdapterVersion.objects.filter(adapter__base_model=base_model, status=AdapterVersion.READY)
-        .exclude(checked_revision=base_model.revision)
-        .select_related("adapter__tenant")
-    )
+    versions = list(_unchecked(base_model))
     usage = usage_by_version(
         version_ids=[v.pk for v in versions], since=timezone.now() - USAGE_WINDOW
     )

@@ -12,9 +12,7 @@ from __future__ import annotations
 import hashlib
 import io
 import logging
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 from typing import BinaryIO
 
 from django.conf import settings
@@ -24,12 +22,11 @@ from django.db.models import ProtectedError, RestrictedError
 from audit.services import Subject, audit_record
 
 from .. import objectstore
-from ..errors import UploadTooLarge
 from ..eval_sets import EvalRow, parse_eval_set
-from ..models import Adapter, AdapterVersion, BaseModel, EvalSet
+from ..models import Adapter, BaseModel, EvalSet
 from ..objectstore import Digest
-from ..staging import StagingError
 from ..uploads import EVAL_SET_FIELD
+from .evaluations import versions_measure_unmeasured
 
 log = logging.getLogger(__name__)
 ATTACH_VERB = "eval_set.attach"
@@ -143,15 +140,9 @@ def eval_set_record(eval_set: EvalSet, *, actor: str) -> tuple[EvalSet, bool]:
             actor,
         )
     _prune_superseded(owner)
-    _measure_unmeasured(eval_set, actor=actor)
-    return eval_set, True
-
-
-def _measure_unmeasured(eval_set: EvalSet, *, actor: str) -> None:
-    """Versions accepted unmeasured (no eval set then) get measured on this one now."""
-    from .evaluations import versions_measure_unmeasured  # evaluations reads eval sets
-
+    # Versions accepted unmeasured (there was no eval set then) are measured on this one now.
     versions_measure_unmeasured(eval_set=eval_set, actor=actor)
+    return eval_set, True
 
 
 def _prune_superseded(owner: Adapter | BaseModel) -> None:
@@ -203,39 +194,3 @@ def eval_set_attach_default(
     """The operator's generic eval set for adapters of `base_model` without their own."""
     checked = eval_set_check(file)
     return eval_set_store(owner=base_model, checked=checked, actor=actor)
-
-
-# ---------------------------------------------------------------- reading
-
-
-def eval_set_for(target: Adapter | AdapterVersion) -> EvalSet | None:
-    """The set an adapter (or a version of it) is measured on: its own, else its base model's
-    generic one, else None."""
-    adapter = target.adapter if isinstance(target, AdapterVersion) else target
-    sets = EvalSet.objects.filter(is_current=True).select_related("adapter", "base_model")
-    return (
-        sets.filter(adapter=adapter).first()
-        or sets.filter(base_model_id=adapter.base_model_id).first()
-    )
-
-
-def eval_set_rows(eval_set: EvalSet) -> list[EvalRow]:
-    """The stored set's rows, its bytes checked against the recorded sha256.
-
-    Parsed under the limits the set was accepted with, so lowering LORAPLEX_EVAL_MAX_* later
-    does not break sets already stored. Raises StorageUnavailable (retry), ObjectMissing, or
-    StagingError when the stored bytes are not the ones recorded.
-    """
-    with tempfile.TemporaryDirectory(prefix="loraplex-eval-set-") as tmp:
-        path = Path(tmp) / EVAL_SET_FILE
-        try:
-            digest = objectstore.fetch(eval_set.key, path, limit=eval_set.size)
-        except UploadTooLarge:
-            digest = None
-        if digest is None or digest.sha256 != eval_set.sha256:
-            raise StagingError(
-                f"the stored eval set {eval_set.uid} is not the one attached (sha256 "
-                f"{eval_set.sha256[:12]}...); attach it again"
-            )
-        data = path.read_bytes()
-    return parse_eval_set(data, max_rows=eval_set.rows, max_bytes=eval_set.size)

@@ -1,34 +1,19 @@
 """Evaluations: measure a version on its eval set through the engine, then apply the gate.
 
-A version is evaluated when validation finds it ready, when the compatibility re-check has
-found it fits a new revision of its base model (most-used versions first), when it was
-accepted unmeasured and an eval set arrives, and when an operator re-runs it. Each request
-is an `Evaluation` row, queued, run by the worker's `evaluate_adapter_version` task:
-
-- the eval set is the one its reference figure was measured on (kept, RESTRICT), else the
-  adapter's own, else its base model's generic one;
-- the engine scores it (registry/engines.py `score_on_engine`, background priority);
-- the figures are stored and the gate (registry/quality.py) says passed or degraded; the
-  first figure of a version is its reference.
-
-What is decided without the engine, at once:
-
-- no eval set at all on a version's first evaluation: passed, with a warning that nothing
-  was measured (the version serves; there is no figure to hold it to later);
-- no reference figure on a later revision (it was accepted unmeasured, and the base model
-  has changed since): failed, not servable until an operator overrides it or a new
-  version comes. A base upgrade is exactly what the gate is for; unmeasured is not passed.
-
-The engine unreachable, or not yet serving the revision: the task retries with backoff
-(EvaluationUnavailable), the version stays pending; after the retries, failed with the
-reason, and an operator can re-run it (admin action, `manage.py evaluate_versions`).
+A version is evaluated when validation finds it ready, when it fits a new revision of its
+base model (most-used versions first), when an eval set arrives for one accepted unmeasured,
+and when an operator re-runs it: each time an `Evaluation` row, queued for the worker. While
+the engine cannot answer the task retries and the version stays pending, so the gate never
+lets a version through unjudged; what no engine could measure is decided at once.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import tempfile
 from datetime import timedelta
+from pathlib import Path
 
 from django.conf import settings
 from django.db import transaction
@@ -37,13 +22,14 @@ from django.utils import timezone
 
 from audit.services import SYSTEM_EVALUATOR
 
-from .. import queue
+from .. import objectstore, queue
 from ..engines import SCORE_TIMEOUT_SECONDS, ScoringFailed, score_on_engine
-from ..errors import InvalidTransition, ObjectMissing
+from ..errors import InvalidTransition, ObjectMissing, UploadTooLarge
+from ..eval_sets import EvalRow, parse_eval_set
 from ..models import AdapterVersion, BaseModel, EvalSet, Evaluation
 from ..quality import factors, figure, short_revision, verdict
+from ..selectors import eval_set_for
 from ..staging import StagingError
-from .eval_sets import eval_set_for, eval_set_rows
 from .failures import log_unexpected
 from .quality import quality_move
 from .transitions import locked_version
@@ -92,7 +78,8 @@ def evaluation_request(*, version_id: int, trigger: str, actor: str) -> Evaluati
     that revision: the compatibility re-check requests it once it is). An evaluation already
     queued or running for that revision is returned as it is. The version's quality becomes
     pending, unless it already passed (or was overridden) on that revision: a re-run does not
-    take a servable version off the air. Some requests are decided at once (module doc).
+    take a servable version off the air. Without an eval set, or without a reference figure
+    to hold it to, it is decided at once.
     """
     with transaction.atomic():
         version = locked_version(version_id)
@@ -108,6 +95,7 @@ def evaluation_request(*, version_id: int, trigger: str, actor: str) -> Evaluati
         if active is not None:
             return active
         reference = version.reference_evaluation
+        # Figures compare only on the same rows: the set the reference was measured on first.
         eval_set = reference.eval_set if reference is not None else eval_set_for(version)
         evaluation = Evaluation(
             version=version,
@@ -147,7 +135,9 @@ def _decided_now(evaluation: Evaluation, status: str, reason: str) -> Evaluation
 
 
 def _decide_unmeasured(version: AdapterVersion, evaluation: Evaluation) -> Evaluation:
-    """The first evaluation, with no eval set anywhere: passed, saying nothing was measured."""
+    """The first evaluation, with no eval set anywhere: passed, saying nothing was measured
+    (an adapter needs no eval set to serve, but a later base upgrade has no figure to hold
+    it to)."""
     base = version.adapter.base_model
     reason = (
         f"passed on revision {short_revision(evaluation.base_revision)} unmeasured: there is no "
@@ -161,7 +151,9 @@ def _decide_unmeasured(version: AdapterVersion, evaluation: Evaluation) -> Evalu
 
 
 def _decide_unmeasurable(version: AdapterVersion, evaluation: Evaluation) -> Evaluation:
-    """Not its first revision, and no reference figure: nothing to hold it to. Failed."""
+    """Not its first revision, and no reference figure: nothing to hold it to. Failed until
+    an operator overrides it: a base upgrade is what the gate is for, and unmeasured is not
+    passed."""
     reason = (
         f"evaluation failed on revision {short_revision(evaluation.base_revision)}: no reference "
         f"figure; {version.label} was accepted on revision "
@@ -241,6 +233,28 @@ def _superseded(evaluation: Evaluation) -> str | None:
     if evaluation.eval_set is None:  # only decided-at-once evaluations have none
         return "superseded: there is no eval set to measure on"
     return None
+
+
+def eval_set_rows(eval_set: EvalSet) -> list[EvalRow]:
+    """The stored set's rows, its bytes checked against the recorded sha256.
+
+    Parsed under the limits the set was accepted with, so lowering LORAPLEX_EVAL_MAX_* later
+    does not break sets already stored. Raises StorageUnavailable (retry), ObjectMissing, or
+    StagingError when the stored bytes are not the ones recorded.
+    """
+    with tempfile.TemporaryDirectory(prefix="loraplex-eval-set-") as tmp:
+        path = Path(tmp) / "rows.jsonl"
+        try:
+            digest = objectstore.fetch(eval_set.key, path, limit=eval_set.size)
+        except UploadTooLarge:
+            digest = None
+        if digest is None or digest.sha256 != eval_set.sha256:
+            raise StagingError(
+                f"the stored eval set {eval_set.uid} is not the one attached (sha256 "
+                f"{eval_set.sha256[:12]}...); attach it again"
+            )
+        data = path.read_bytes()
+    return parse_eval_set(data, max_rows=eval_set.rows, max_bytes=eval_set.size)
 
 
 def _score_timeout() -> float:
@@ -547,9 +561,15 @@ def evaluation_override(*, version: AdapterVersion, actor: str, note: str = "") 
     if overridden is None:
         version.refresh_from_db()
         if not _evaluable(version, base):
-            why = f"it is {version.status} and not checked compatible with revision {short_revision(revision)}"
+            why = (
+                f"it is {version.status} and not checked compatible with revision "
+                f"{short_revision(revision)}"
+            )
         else:
-            why = f"its quality is {version.quality} on revision {short_revision(version.quality_revision)}"
+            why = (
+                f"its quality is {version.quality} on revision "
+                f"{short_revision(version.quality_revision)}"
+            )
         raise InvalidTransition(
             f"{version.label} cannot be overridden: {why}; only a degraded or failed evaluation "
             f"of a compatible version {where} can be"

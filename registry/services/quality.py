@@ -11,11 +11,9 @@ from collections.abc import Callable
 
 from django.db import transaction
 
-from audit.services import audit_record
-
 from ..errors import InvalidTransition
 from ..models import AdapterVersion, BaseModel
-from .transitions import locked_version, set_changes, version_subject
+from .transitions import locked_version, set_changes, version_audit
 
 Quality = AdapterVersion.Quality
 
@@ -90,14 +88,8 @@ def quality_move(
         changed = set_changes(version, {**changes, "quality_detail": detail})
         version.quality, version.quality_revision = to, revision
         version.save(update_fields=["quality", "quality_revision", *changed])
-        if verb is not None:
-            audit_record(
-                subject=version_subject(version),
-                actor=actor,
-                verb=verb,
-                before=before,
-                after=quality_snapshot(version, **(audit_extra or {})),
-            )
+        after = quality_snapshot(version, **(audit_extra or {}))
+        version_audit(version, actor=actor, verb=verb, before=before, after=after)
         return version
 
 

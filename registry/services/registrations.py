@@ -1,12 +1,10 @@
 """An operator's files registered as a version, and the wait until that version may serve.
 
-vLLM's operator calls (`POST /v1/load_lora_adapter` with `lora_path`, LORAPLEX_LORA_MODULES
-at start-up) name a folder or S3 prefix (registry/services/lora_sources.py) rather than
-upload the files. They take exactly the upload's path: `adapter_version_create` (duplicates,
-quotas, storage, audit), then `adapter_version_validate`, run here at once so the caller
-gets the verdict in the same call; the validation task it queues finds the version decided
-and does nothing (as a redelivered one would). The quality gate's evaluation stays the
-worker's (it scores on the engines): `version_await_servable` waits for its verdict.
+Operators name a folder or S3 prefix (lora_sources.py) rather than upload the files, and
+the files take exactly the upload's path (`adapter_version_create`: duplicates, quotas,
+storage, audit). Validation runs here at once, so the operator's call gets the verdict; the
+task it queues finds the version decided, as a redelivered one would. The evaluation stays
+the worker's (it scores on the engines): `version_await_servable` waits for its verdict.
 """
 
 from __future__ import annotations
@@ -116,7 +114,7 @@ def _refuse_other_files(adapter: Adapter, config, weights) -> None:
         return
     config_digest = _digest(config, CONFIG_FIELD, MAX_CONFIG_BYTES)
     weights_digest = _digest(weights, WEIGHTS_FIELD, settings.MAX_ADAPTER_BYTES)
-    same = _duplicate_of(adapter, config_digest, weights_digest)
+    same = _duplicate_of(adapter, config_digest.sha256, weights_digest.sha256)
     if same is None or same.pk != live.pk:
         raise AdapterAlreadyLoaded(
             f"{version_name(live)} holds other files; send load_inplace: true to register "

@@ -37,6 +37,17 @@ def version_subject(version: AdapterVersion) -> Subject:
     return Subject(tenant=version.adapter.tenant, type="adapter_version", name=version.label)
 
 
+def version_audit(
+    version: AdapterVersion, *, actor: str, verb: str | None, before: dict, after: dict
+) -> None:
+    """Record a move of a version's state as `verb`; None: the move is no event of its own
+    (a run starting, a step on the way to the verdict that will be recorded)."""
+    if verb is not None:
+        audit_record(
+            subject=version_subject(version), actor=actor, verb=verb, before=before, after=after
+        )
+
+
 def version_snapshot(version: AdapterVersion) -> dict:
     return snapshot(
         version,
@@ -112,12 +123,7 @@ def transition(
         version.status = to
         version.full_clean(validate_unique=False, validate_constraints=False)
         version.save(update_fields=["status", *changed])
-        if verb is not None:
-            audit_record(
-                subject=version_subject(version),
-                actor=actor,
-                verb=verb,
-                before=before,
-                after=version_snapshot(version),
-            )
+        version_audit(
+            version, actor=actor, verb=verb, before=before, after=version_snapshot(version)
+        )
         return version

@@ -1,4 +1,4 @@
-"""Adapter versions: create from two files, validate, reject, re-validate, sweep the stuck.
+"""Adapter versions: create from two files, validate, reject, re-validate, re-stage, sweep.
 
 Every status change goes through `transitions.transition` (row lock, ALLOWED, audit) and is
 idempotent, so a redelivered or duplicated task is harmless.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import BinaryIO
@@ -25,19 +25,32 @@ from tenants.models import Tenant
 from .. import objectstore, queue
 from ..announcements import announce_on_commit
 from ..errors import ObjectMissing, UploadTooLarge
-from ..models import Adapter, AdapterVersion, BaseModel, Evaluation
+from ..models import Adapter, AdapterVersion, BaseModel, EvalSet, Evaluation
 from ..objectstore import Digest
 from ..staging import download_version
 from ..uploads import CONFIG_FIELD, EVAL_FIELD, MAX_CONFIG_BYTES, WEIGHTS_FIELD, too_large
 from ..validation import ValidationResult, printable, validate_adapter_files
-from .eval_sets import eval_set_check, eval_set_record, eval_set_store, eval_set_upload
+from .eval_sets import (
+    CheckedEvalSet,
+    eval_set_check,
+    eval_set_record,
+    eval_set_store,
+    eval_set_upload,
+)
 from .evaluations import evaluation_request
 from .failures import log_unexpected
 from .quotas import UPLOAD_VERB, quota_check
-from .transitions import transition, undecided, version_snapshot, version_subject
+from .transitions import (
+    locked_version,
+    transition,
+    undecided,
+    version_snapshot,
+    version_subject,
+)
 
 log = logging.getLogger(__name__)
 Status = AdapterVersion.Status
+RESTAGE_VERB = "version.restage"
 
 
 # ---------------------------------------------------------------- create
@@ -50,11 +63,13 @@ def _digest(f: BinaryIO, field: str, limit: int) -> Digest:
         raise too_large(field, limit) from None
 
 
-def _duplicate_of(adapter: Adapter, config: Digest, weights: Digest) -> AdapterVersion | None:
-    """Identical bytes already uploaded (a version refused only for a storage fault doesn't count)."""
+def _duplicate_of(
+    adapter: Adapter, config_sha256: str, weights_sha256: str
+) -> AdapterVersion | None:
+    """Identical bytes already uploaded (not a version refused only for a storage fault)."""
     return (
         AdapterVersion.objects.filter(
-            adapter=adapter, config_sha256=config.sha256, weights_sha256=weights.sha256
+            adapter=adapter, config_sha256=config_sha256, weights_sha256=weights_sha256
         )
         .exclude(infra_failure=True)
         .order_by("number")
@@ -91,58 +106,78 @@ def adapter_version_create(
     checked_eval = eval_set_check(eval_set, param=EVAL_FIELD) if eval_set is not None else None
     config_digest = _digest(config, CONFIG_FIELD, MAX_CONFIG_BYTES)
     weights_digest = _digest(weights, WEIGHTS_FIELD, settings.MAX_ADAPTER_BYTES)
-    existing = _duplicate_of(adapter, config_digest, weights_digest)
+    existing = _duplicate_of(adapter, config_digest.sha256, weights_digest.sha256)
     if existing is not None:
         if checked_eval is not None:  # the version exists; the eval set is still the adapter's
             eval_set_store(owner=adapter, checked=checked_eval, actor=actor)
         _audit_duplicate(existing, actor=actor, source=source)
         return existing, False
-    new_bytes = config_digest.size + weights_digest.size
-    quota_check(tenant=adapter.tenant, new_bytes=new_bytes)
+    quota_check(tenant=adapter.tenant, new_bytes=config_digest.size + weights_digest.size)
 
     version = AdapterVersion(adapter=adapter, source=source, created_by=actor)
-    prefix = f"adapters/{adapter.tenant_id}/{adapter.pk}/{version.uid.hex}"
+    version.config_sha256, version.config_size = config_digest.sha256, config_digest.size
+    version.weights_sha256, version.weights_size = weights_digest.sha256, weights_digest.size
     written: list[str] = []
     try:
-        written.append(objectstore.save(f"{prefix}/{CONFIG_FILE}", config))
-        written.append(objectstore.save(f"{prefix}/{WEIGHTS_FILE}", weights))
-        version_keys = list(written)
-        uploaded_eval = None
-        if checked_eval is not None:
-            uploaded_eval = eval_set_upload(owner=adapter, checked=checked_eval)
-            written.append(uploaded_eval.key)
-        with transaction.atomic():
-            # The tenant first: its quotas count versions of all its adapters.
-            tenant = Tenant.objects.select_for_update().get(pk=adapter.tenant_id)
-            locked = Adapter.objects.select_for_update().get(pk=adapter.pk)
-            if uploaded_eval is not None:
-                eval_set_record(uploaded_eval, actor=actor)
-            existing = _duplicate_of(locked, config_digest, weights_digest)
-            if existing is not None:  # a concurrent upload of the same bytes won
-                transaction.on_commit(lambda: objectstore.delete_quietly(version_keys))
-                _audit_duplicate(existing, actor=actor, source=source)
-                return existing, False
-            quota_check(tenant=tenant, new_bytes=new_bytes)
-            last = locked.versions.aggregate(n=Max("number"))["n"] or 0
-            version.number = last + 1
-            version.config_key, version.weights_key = version_keys
-            version.config_sha256, version.config_size = config_digest.sha256, config_digest.size
-            version.weights_sha256, version.weights_size = (
-                weights_digest.sha256,
-                weights_digest.size,
-            )
-            version.full_clean()
-            version.save()
-            audit_record(
-                subject=version_subject(version),
-                actor=actor,
-                verb=UPLOAD_VERB,
-                after=version_snapshot(version),
-            )
-            queue.send_on_commit(queue.VALIDATE, version.pk)
+        uploaded_eval = _store_objects(version, config, weights, checked_eval, written=written)
+        return _record_new(version, uploaded_eval, actor=actor)
     except BaseException:
         objectstore.delete_quietly(written)
         raise
+
+
+def _store_objects(
+    version: AdapterVersion,
+    config: BinaryIO,
+    weights: BinaryIO,
+    checked_eval: CheckedEvalSet | None,
+    *,
+    written: list[str],
+) -> EvalSet | None:
+    """Write the version's files (and the upload's eval set, returned unsaved) to object
+    storage, adding each key to `written` as it lands, for the caller to delete on failure."""
+    adapter = version.adapter
+    prefix = f"adapters/{adapter.tenant_id}/{adapter.pk}/{version.uid.hex}"
+    version.config_key = objectstore.save(f"{prefix}/{CONFIG_FILE}", config)
+    written.append(version.config_key)
+    version.weights_key = objectstore.save(f"{prefix}/{WEIGHTS_FILE}", weights)
+    written.append(version.weights_key)
+    if checked_eval is None:
+        return None
+    uploaded_eval = eval_set_upload(owner=adapter, checked=checked_eval)
+    written.append(uploaded_eval.key)
+    return uploaded_eval
+
+
+@transaction.atomic
+def _record_new(
+    version: AdapterVersion, uploaded_eval: EvalSet | None, *, actor: str
+) -> tuple[AdapterVersion, bool]:
+    """Save the stored version as its adapter's next number, under the tenant's and the
+    adapter's row locks, unless the same bytes won meanwhile: (the winner, False)."""
+    adapter = version.adapter
+    # The tenant first: its quotas count versions of all its adapters.
+    tenant = Tenant.objects.select_for_update().get(pk=adapter.tenant_id)
+    locked = Adapter.objects.select_for_update().get(pk=adapter.pk)
+    if uploaded_eval is not None:
+        eval_set_record(uploaded_eval, actor=actor)
+    existing = _duplicate_of(locked, version.config_sha256, version.weights_sha256)
+    if existing is not None:  # a concurrent upload of the same bytes won
+        keys = [version.config_key, version.weights_key]
+        transaction.on_commit(lambda: objectstore.delete_quietly(keys))
+        _audit_duplicate(existing, actor=actor, source=version.source)
+        return existing, False
+    quota_check(tenant=tenant, new_bytes=version.size)
+    version.number = (locked.versions.aggregate(n=Max("number"))["n"] or 0) + 1
+    version.full_clean()
+    version.save()
+    audit_record(
+        subject=version_subject(version),
+        actor=actor,
+        verb=UPLOAD_VERB,
+        after=version_snapshot(version),
+    )
+    queue.send_on_commit(queue.VALIDATE, version.pk)
     return version, True
 
 
@@ -226,6 +261,25 @@ def _finish(version_id: int, result: ValidationResult, *, revision: str) -> Adap
     return version
 
 
+def version_files_check(
+    folder: Path, *, base_model: BaseModel, prior: Sequence[Check], check_values: bool = True
+) -> ValidationResult:
+    """A version's two files in `folder` checked against `base_model` under this deployment's
+    limits: whole at validation, the header alone when the base model's revision changes."""
+    return validate_adapter_files(
+        folder / CONFIG_FILE,
+        folder / WEIGHTS_FILE,
+        fingerprint=ArchFingerprint.from_dict(base_model.fingerprint),
+        max_lora_rank=settings.MAX_LORA_RANK,
+        max_saved_params=settings.MAX_SAVED_MODULE_PARAMS,
+        max_config_bytes=MAX_CONFIG_BYTES,
+        max_weights_bytes=settings.MAX_ADAPTER_BYTES,
+        base_model_name=base_model.name,
+        check_values=check_values,
+        prior_checks=prior,
+    )
+
+
 def adapter_version_validate(*, version_id: int) -> AdapterVersion | None:
     """Run every check on a version's stored files and record ready or rejected.
 
@@ -238,17 +292,7 @@ def adapter_version_validate(*, version_id: int) -> AdapterVersion | None:
     try:
         with tempfile.TemporaryDirectory(prefix="loraplex-validate-") as tmp:
             integrity = download_version(version, Path(tmp))
-            result = validate_adapter_files(
-                Path(tmp) / CONFIG_FILE,
-                Path(tmp) / WEIGHTS_FILE,
-                fingerprint=ArchFingerprint.from_dict(base.fingerprint),
-                max_lora_rank=settings.MAX_LORA_RANK,
-                max_saved_params=settings.MAX_SAVED_MODULE_PARAMS,
-                max_config_bytes=MAX_CONFIG_BYTES,
-                max_weights_bytes=settings.MAX_ADAPTER_BYTES,
-                base_model_name=base.name,
-                prior_checks=[integrity],
-            )
+            result = version_files_check(Path(tmp), base_model=base, prior=[integrity])
     except ObjectMissing as exc:
         return adapter_version_reject(version_id=version_id, reason=exc.message)
     return _finish(version_id, result, revision=base.revision)
@@ -311,6 +355,19 @@ def adapter_version_revalidate(*, version: AdapterVersion, actor: str) -> Adapte
     if revalidated is not None:
         queue.send_on_commit(queue.VALIDATE, revalidated.pk)
     return revalidated
+
+
+@transaction.atomic
+def adapter_version_restage(*, version: AdapterVersion, actor: str) -> AdapterVersion | None:
+    """Stage a ready version into the adapter cache again (an operator's action, after the
+    cache lost it, say): audited, staged by the worker once this commits. None when it is
+    gone or not ready: only ready versions are staged."""
+    ready = locked_version(version.pk, when=lambda v: v.status == Status.READY)
+    if ready is None:
+        return None
+    audit_record(subject=version_subject(ready), actor=actor, verb=RESTAGE_VERB)
+    queue.send_on_commit(queue.STAGE, ready.pk)
+    return ready
 
 
 # ---------------------------------------------------------------- sweep

@@ -9,7 +9,8 @@ device. The diff is made once from both wheels and committed (torch_api_added.js
     pip download --no-deps torch==2.11.0 -d /tmp/old && unzip -q /tmp/old/torch-*.whl \\
         'torch/*.py' 'torch/*.pyi' -d /tmp/old/tree
     (the same for the pinned wheel into /tmp/new/tree)
-    python tests/bench/api_floor.py /tmp/old/tree /tmp/new/tree torch > tests/bench/torch_api_added.json
+    python tests/bench/api_floor.py /tmp/old/tree /tmp/new/tree torch \
+        > tests/bench/torch_api_added.json
 
 and the same for triton (the GPU image's 3.6 against the pinned one; site-packages can serve
 as the newer tree) into triton_api_added.json. test_api_floor.py reads both.
@@ -17,9 +18,9 @@ as the newer tree) into triton_api_added.json. test_api_floor.py reads both.
 A module's surface is what its .py/.pyi files define or import at top level (functions
 with their parameter names, classes with their methods'); `torch` also star-exports its
 C functions (_C/_VariableFunctions.pyi); tensors' methods are those of torch's Tensor and
-TensorBase, or of triton.language's tensor. "Added" means: a name in the newer surface of a module and not in the older
-one; a tensor method name no older tensor class had; a parameter a function or method
-gained.
+TensorBase, or of triton.language's tensor. "Added" means: a name in the newer surface of a
+module and not in the older one; a tensor method name no older tensor class had; a
+parameter a function or method gained.
 """
 
 import ast

@@ -1,13 +1,10 @@
 """API keys and usage in the browser: a key is shown once with a copy button and revoked
 after a confirmation; the usage chart is drawn from the tenant's metered requests."""
 
-from datetime import timedelta
-
-from django.utils import timezone
-
 from tenants.keys import key_matches
-from tenants.models import ApiKey, UsageRecord
+from tenants.models import ApiKey
 from tests.browser.conftest import sign_in
+from tests.usage_records import usage_record
 
 ALICE = ("alice@example.com", "alice-password-1")
 
@@ -48,21 +45,13 @@ def test_a_key_is_shown_once_copied_and_revoked_after_confirmation(
 
 
 def test_the_usage_page_draws_tokens_per_day_per_adapter(page, live_server, tenant_a, screenshot):
-    now = timezone.now()
     for days_ago, model, tokens in [
         (0, "support-bot", 900),
         (1, "support-bot", 400),
         (1, "faq-bot", 250),
         (3, "tiny-llama", 120),
     ]:
-        UsageRecord.objects.create(
-            tenant=tenant_a,
-            model=model,
-            endpoint="chat",
-            prompt_tokens=tokens,
-            completion_tokens=tokens // 3,
-            created_at=now - timedelta(days=days_ago),
-        )
+        usage_record(tenant_a, model, tokens, tokens // 3, days_ago=days_ago)
     sign_in(page, live_server.url, *ALICE)
     page.click("text=Usage")
     page.select_option("select[name=days]", "7")

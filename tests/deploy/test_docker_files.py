@@ -11,23 +11,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.deploy.env_example import ENV_EXAMPLE, env_example
+
 ROOT = Path(__file__).resolve().parents[2]
-ENV_EXAMPLE = ROOT / ".env.example"
 COMPOSE = ROOT / "docker" / "compose.yaml"
 DOCKERFILE = ROOT / "docker" / "Dockerfile"
 HAPROXY = ROOT / "docker" / "haproxy.cfg"
-
-
-def env_example() -> dict[str, str]:
-    """The active KEY=VALUE lines."""
-    values = {}
-    for line in ENV_EXAMPLE.read_text().splitlines():
-        if line and not line.startswith("#"):
-            key, sep, value = line.partition("=")
-            assert sep and re.fullmatch(r"[A-Z][A-Z0-9_]*", key), line
-            assert " #" not in value, f"no inline comments on active lines: {line}"
-            values[key] = value
-    return values
 
 
 def documented() -> set[str]:

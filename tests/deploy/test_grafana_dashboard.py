@@ -8,8 +8,8 @@ import json
 
 import pytest
 
+from .prometheus_rules import recorded
 from .promql_names import series_names
-from .test_prometheus_rules import recorded
 from .tools import DEPLOY
 
 DASHBOARD = DEPLOY / "grafana" / "loraplex-dashboard.json"

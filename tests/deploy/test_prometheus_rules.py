@@ -9,26 +9,12 @@ import shutil
 import pytest
 import yaml
 
+from .prometheus_rules import PROMETHEUS, RULE_FILES, recorded, rules
 from .promql_names import series_names
-from .tools import DEPLOY, ROOT, run_promtool
+from .tools import ROOT, run_promtool
 
-PROMETHEUS = DEPLOY / "prometheus"
-RULE_FILES = sorted((PROMETHEUS / "rules").glob("*.yml"))
 RULES_TEST = ROOT / "tests" / "deploy" / "prometheus" / "loraplex-rules.test.yml"
 SCRAPED_BY_PROMETHEUS = {"up"}  # series Prometheus writes for every target
-
-
-def rules() -> list[dict]:
-    return [
-        rule
-        for path in RULE_FILES
-        for group in yaml.safe_load(path.read_text())["groups"]
-        for rule in group["rules"]
-    ]
-
-
-def recorded() -> set[str]:
-    return {rule["record"] for rule in rules() if "record" in rule}
 
 
 def exported_names(samples: set[str]) -> set[str]:

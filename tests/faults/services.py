@@ -10,19 +10,14 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.processes import free_port
+from tests.waiting import wait_for
 
 
 def require(binary: str | None, what: str) -> str:
@@ -33,14 +28,6 @@ def require(binary: str | None, what: str) -> str:
     if os.environ.get("LORAPLEX_REQUIRE_SERVICES") == "1":
         pytest.fail(message)
     pytest.skip(message)
-
-
-def wait_until(check, *, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{what} did not happen within {timeout} s")
-        time.sleep(0.1)
 
 
 class RedisServer:
@@ -61,7 +48,7 @@ class RedisServer:
             stdout=log,
             stderr=subprocess.STDOUT,
         )
-        wait_until(self.answers, timeout=10, what=f"redis on port {self.port} answering")
+        wait_for(self.answers, what=f"redis on port {self.port} answering")
         return self
 
     def answers(self) -> bool:

@@ -18,10 +18,12 @@ import httpx
 import psycopg
 import pytest
 
-from tests.faults.services import PostgresServer, wait_until
+from tests.clients import chat, chat_stream, http
+from tests.faults.services import PostgresServer
 from tests.inference.conftest import start_server, stop_server
 from tests.peft_adapters import make_peft_adapter
 from tests.tiny_llama import make_tiny_llama
+from tests.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = "tiny-pg"
@@ -88,32 +90,9 @@ def site(cluster, tmp_path_factory):
     return env, key, tmp
 
 
-def chat(url: str, key: str, model: str, **body) -> httpx.Response:
-    return httpx.post(
-        f"{url}/v1/chat/completions",
-        json={"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
-        | body,
-        headers={"Authorization": f"Bearer {key}"},
-        timeout=60,
-    )
-
-
 def stream_after_first_chunk(url: str, key: str, started: threading.Event, out: list) -> None:
     """A long streamed answer: signals once it is running, then reads it to the end."""
-    body = {
-        "model": BASE,
-        "messages": [{"role": "user", "content": "Hi"}],
-        "max_tokens": 120,
-        "ignore_eos": True,
-        "stream": True,
-    }
-    with httpx.stream(
-        "POST",
-        f"{url}/v1/chat/completions",
-        json=body,
-        headers={"Authorization": f"Bearer {key}"},
-        timeout=120,
-    ) as response:
+    with chat_stream(url, key, model=BASE, max_tokens=120) as response:
         lines = response.iter_lines()
         for line in lines:
             if line.startswith("data: "):
@@ -124,9 +103,7 @@ def stream_after_first_chunk(url: str, key: str, started: threading.Event, out: 
 
 
 def metered(url: str, key: str) -> int:
-    response = httpx.get(
-        f"{url}/api/v1/usage/", headers={"Authorization": f"Bearer {key}"}, timeout=10
-    )
+    response = http(url, "GET", "/api/v1/usage/", key=key)
     assert response.status_code == 200, response.text
     return sum(row["requests"] for row in response.json()["data"])
 
@@ -147,9 +124,9 @@ def test_requests_after_a_database_restart_succeed_and_no_usage_is_lost(site, cl
     try:
         answered = 0
         for model in (BASE, "pirate"):
-            assert chat(url, key, model).status_code == 200
+            assert chat(url, key, model=model).status_code == 200
             answered += 1
-        wait_until(lambda: metered(url, key) == answered, timeout=10, what="the first records")
+        wait_for(lambda: metered(url, key) == answered, what="the first records")
 
         # Three long answers are running when the database goes away.
         streams = []
@@ -168,18 +145,18 @@ def test_requests_after_a_database_restart_succeed_and_no_usage_is_lost(site, cl
         assert [s for s, last in streams] == [200] * 3
         assert all(last == "data: [DONE]" for s, last in streams), streams
         answered += 3
-        down = chat(url, key, BASE)  # needs the database to authenticate: refused, not hung
+        down = chat(url, key, model=BASE)  # needs the database to authenticate: refused, not hung
         assert down.status_code >= 500
         time.sleep(2.5)  # the usage writer tries (and fails) to write the three records
 
         cluster.start()
         assert proc.poll() is None, "the server must outlive its database"
         for model in (BASE, "pirate", BASE):  # from the first request on
-            response = chat(url, key, model)
+            response = chat(url, key, model=model)
             assert response.status_code == 200, response.text
             answered += 1
         assert httpx.get(f"{url}/readyz", timeout=10).status_code == 200
-        wait_until(lambda: metered(url, key) == answered, timeout=15, what="every answer metered")
+        wait_for(lambda: metered(url, key) == answered, what="every answer metered")
     finally:
         stop_server(proc)
     assert "they are lost" not in log.read_text()

@@ -9,16 +9,16 @@ send what an attacker sends.
 
 import json
 import select
-import socket
 import time
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import httpx
 import pytest
 
 from tests.inference.conftest import start_server, stop_server
 from tests.peft_adapters import make_peft_adapter
+from tests.raw_http import connect, head, read_answer
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.django_db  # the test database, which the server's rows live in
 
@@ -39,37 +39,6 @@ def server(serve_data):
     )
     yield url, proc, log
     stop_server(proc)
-
-
-def connect(url: str) -> socket.socket:
-    parts = urlsplit(url)
-    return socket.create_connection((parts.hostname, parts.port or 80), timeout=10)
-
-
-def head(method: str, path: str, headers: dict) -> bytes:
-    lines = [
-        f"{method} {path} HTTP/1.1",
-        "Host: 127.0.0.1",
-        *(f"{k}: {v}" for k, v in headers.items()),
-    ]
-    return ("\r\n".join(lines) + "\r\n\r\n").encode()
-
-
-def read_answer(sock: socket.socket) -> tuple[int, dict, bytes]:
-    """The server's whole answer (it closes the connection after a refusal)."""
-    data = b""
-    while True:
-        try:
-            chunk = sock.recv(65536)
-        except ConnectionResetError:  # closed with our unread bytes: what came first stands
-            break
-        if not chunk:
-            break
-        data += chunk
-    header_block, _, body = data.partition(b"\r\n\r\n")
-    lines = header_block.decode().split("\r\n")
-    headers = dict(line.lower().split(": ", 1) for line in lines[1:])
-    return int(lines[0].split()[1]), headers, body
 
 
 def bytes_written(pid: int) -> int:
@@ -142,16 +111,16 @@ def test_a_stalled_body_is_cut_after_the_timeout(server):
 def test_connections_beyond_the_limit_are_503(server):
     url, _, _ = server
     held = [connect(url) for _ in range(CONNECTIONS - 1)]
-    time.sleep(0.3)  # accepted by the server
-    try:
-        assert httpx.get(f"{url}/healthz").status_code == 503  # before: no limit at all
+    try:  # refused once the server has accepted the held ones (before: no limit at all)
+        wait_for(lambda: healthz(url) == 503, what="the connection past the limit refused")
     finally:
         for sock in held:
             sock.close()
-    deadline = time.monotonic() + 5
-    while httpx.get(f"{url}/healthz").status_code != 200:
-        assert time.monotonic() < deadline, "the closed connections still count"
-        time.sleep(0.1)
+    wait_for(lambda: healthz(url) == 200, what="the closed connections no longer counted")
+
+
+def healthz(url: str) -> int:
+    return httpx.get(f"{url}/healthz", timeout=60).status_code
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from django.test import AsyncClient
 
 from inference.engine import AsyncLLMEngine, LLMEngine
 from inference.engine.tokenizer import Tokenizer
-from inference.engine_host import HOST, ServedModel
+from inference.host.engine_host import HOST, ServedModel
 from tests.tiny_llama import make_tiny_llama
 
 MODEL = "tiny-prompts"
@@ -59,7 +59,8 @@ def _on_event_loop() -> bool:
     return True
 
 
-def chat(key: str, content: str):
+def chat_in_process(key: str, content: str):
+    """POST /v1/chat/completions through Django's ASGI test client, to this process's engine."""
     client = AsyncClient()
     return async_to_sync(client.post)(
         "/v1/chat/completions",
@@ -74,7 +75,7 @@ def test_a_prompt_no_tokenization_could_fit_is_refused_untokenized(
 ):
     _, key = make_key(tenant_a)
     bound = tiny_engine.engine.max_seq_len * tiny_engine.engine.tokenizer.max_token_chars
-    response = chat(key, "word " * (bound // 5 + 1))
+    response = chat_in_process(key, "word " * (bound // 5 + 1))
     assert response.status_code == 400, response.content
     error = response.json()["error"]
     assert (error["code"], error["param"]) == ("context_length_exceeded", "messages")
@@ -85,7 +86,7 @@ def test_a_prompt_is_rendered_and_tokenized_off_the_event_loop(
     tiny_engine, tokenizer_calls, tenant_a, make_key
 ):
     _, key = make_key(tenant_a)
-    response = chat(key, "Paris is the capital of France.")
+    response = chat_in_process(key, "Paris is the capital of France.")
     assert response.status_code == 200, response.content
     assert ("apply_chat_template", False) in tokenizer_calls
     assert ("encode", False) in tokenizer_calls

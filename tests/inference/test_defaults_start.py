@@ -12,11 +12,11 @@ import os
 import subprocess
 import sys
 
-import httpx
 import pytest
 
 from inference.engine import EngineConfig
 from inference.engine.kv_cache import CPU_DEFAULT_KV_BYTES, default_kv_bytes
+from tests.clients import chat
 from tests.inference.conftest import stop_server
 from tests.processes import ROOT, launch
 from tests.smollm2 import PRESET, smollm2_dir
@@ -54,16 +54,8 @@ def test_serve_starts_and_answers_with_an_empty_environment(tmp_path):
     # before: `serve` exited here, its default budget too small for the adapter slots
     url, proc, _ = launch(tmp_path, env, timeout=300)
     try:
-        answer = httpx.post(
-            f"{url}/v1/chat/completions",
-            json={
-                "model": PRESET,
-                "messages": [{"role": "user", "content": "What is the capital of France?"}],
-                "max_tokens": 4,
-            },
-            headers={"Authorization": f"Bearer {key}"},
-            timeout=120,
-        )
+        france = [{"role": "user", "content": "What is the capital of France?"}]
+        answer = chat(url, key, model=PRESET, messages=france, timeout=120)
         assert answer.status_code == 200, answer.text
         assert answer.json()["choices"][0]["message"]["content"]
     finally:

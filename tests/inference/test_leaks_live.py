@@ -11,6 +11,7 @@ from contextlib import contextmanager
 import httpx
 import pytest
 
+from tests.clients import chat, chat_stream
 from tests.inference.conftest import start_server, stop_server
 
 OPERATOR = "operator-token-for-the-live-tests-0123456789"
@@ -36,30 +37,11 @@ def guarded_server(serve_data):
     stop_server(proc)
 
 
-def chat(url: str, key: str, **body) -> httpx.Response:
-    body = {"model": "pirate", "messages": [{"role": "user", "content": "Hi"}], **body}
-    return httpx.post(
-        f"{url}/v1/chat/completions",
-        json=body,
-        timeout=60,
-        headers={"Authorization": f"Bearer {key}"},
-    )
-
-
 @contextmanager
 def adapter_running(url: str, key: str):
     """A stream on the tenant's adapter, open (its first tokens read) for the body's duration."""
-    body = {
-        "model": "pirate",
-        "messages": [{"role": "user", "content": "Tell me a long story"}],
-        "max_tokens": 400,
-        "ignore_eos": True,
-        "stream": True,
-    }
-    headers = {"Authorization": f"Bearer {key}"}
-    with httpx.stream(
-        "POST", f"{url}/v1/chat/completions", json=body, headers=headers, timeout=60
-    ) as response:
+    story = [{"role": "user", "content": "Tell me a long story"}]
+    with chat_stream(url, key, model="pirate", messages=story) as response:
         assert response.status_code == 200
         lines = response.iter_lines()
         for _ in range(3):
@@ -99,7 +81,7 @@ def test_guarded_metrics_answer_only_the_token_and_then_name_the_adapters(
 
 
 def test_the_operator_listing_shows_no_local_paths(open_server, serve_data):
-    assert chat(open_server, serve_data["keys"][0], max_tokens=2).status_code == 200
+    assert chat(open_server, serve_data["keys"][0], model="pirate", max_tokens=2).status_code == 200
     response = httpx.get(
         f"{open_server}/v1/lora_adapters",
         headers={"Authorization": f"Bearer {OPERATOR}"},
@@ -115,10 +97,10 @@ def test_the_operator_listing_shows_no_local_paths(open_server, serve_data):
 def test_a_seed_out_of_range_is_a_400_and_the_server_keeps_serving(open_server, serve_data, seed):
     """2**64 overflowed torch.Generator.manual_seed: a 500 (with DEBUG's page, once)."""
     key = serve_data["keys"][0]
-    response = chat(open_server, key, seed=seed, max_tokens=2)
+    response = chat(open_server, key, model="pirate", seed=seed, max_tokens=2)
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == "seed"
-    assert chat(open_server, key, seed=2**63 - 1, max_tokens=2).status_code == 200
+    assert chat(open_server, key, model="pirate", seed=2**63 - 1, max_tokens=2).status_code == 200
 
 
 def test_deeply_nested_json_is_a_400(open_server, serve_data):

@@ -1,6 +1,6 @@
 """The engine's prefix cache counters (in tokens) on /metrics, under our names and vLLM v1's,
 and on the admin's Engines page with their hit rate. (Counted live by a real engine in
-tests/inference/test_n_choices.py.)"""
+tests/inference/openai/test_n_choices.py.)"""
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest

@@ -15,8 +15,10 @@ import httpx
 import pytest
 from django.conf import settings
 
-from tests.faults.services import RedisServer, wait_until
+from tests.clients import http
+from tests.faults.services import RedisServer
 from tests.inference.conftest import BASE_NAME, start_server, stop_server
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.django_db  # reads only: the rows the server sees are the fixtures'
 
@@ -218,15 +220,12 @@ def test_concurrent_requests_past_the_cap_are_429_and_each_served_one_is_metered
     assert complete(capped, key=caller.key).status_code == 200  # the slots came back
 
     def usage():
-        response = httpx.get(
-            f"{capped}/api/v1/usage/",
-            headers={"Authorization": f"Bearer {caller.key}"},
-            timeout=10,
-        )
+        response = http(capped, "GET", "/api/v1/usage/", key=caller.key)
         assert response.status_code == 200, response.text
         return response.json()["data"]
 
-    # The writer thread flushes every second: one record per served request, none for refusals.
+    # One record per served request, none for refusals. Records are written in the order the
+    # requests ended: once the last request's is in, every earlier one's is too.
     expected = {
         "adapter": BASE_NAME,
         "version": None,
@@ -234,8 +233,10 @@ def test_concurrent_requests_past_the_cap_are_429_and_each_served_one_is_metered
         "prompt_tokens": len(PROMPT) * (len(served) + 1),
         "completion_tokens": 150 * len(served) + 1,
     }
-    wait_until(lambda: usage() != [], timeout=10, what="usage records")
-    time.sleep(1.5)
+    wait_for(
+        lambda: sum(row["requests"] for row in usage()) >= expected["requests"],
+        what="every served request metered",
+    )
     (row,) = usage()
     assert {k: row[k] for k in expected} == expected
 

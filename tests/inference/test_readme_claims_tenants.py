@@ -4,13 +4,17 @@ for a tenant they belong to, chosen with `X-Loraplex-Tenant`; an API key always 
 own tenant, header or not; /v1/completions keeps tenants apart like chat does.
 """
 
+from functools import partial
+
 import httpx
 import pytest
 
+from tests import clients
 from tests.inference.conftest import BASE_NAME
 
 pytestmark = pytest.mark.django_db
 QUESTION = [{"role": "user", "content": "Say something."}]
+chat = partial(clients.chat, messages=QUESTION, max_tokens=3)  # a session's: no key
 SOLO = ("solo@example.com", "solo-password-1")  # a member of serve-a only
 TWOFOLD = ("twofold@example.com", "twofold-password-1")  # a member of serve-a and serve-b
 
@@ -55,14 +59,6 @@ def sign_in(server, email: str, password: str) -> httpx.Client:
     return client
 
 
-def chat(client: httpx.Client, model: str, headers=None, **body) -> httpx.Response:
-    return client.post(
-        "/v1/chat/completions",
-        json={"model": model, "messages": QUESTION, "max_tokens": 3, **body},
-        headers=headers or {},
-    )
-
-
 def csrf(client: httpx.Client, **headers) -> dict:
     """What the playground sends: the CSRF cookie's value back in a header."""
     return {"X-CSRFToken": client.cookies["csrftoken"], **headers}
@@ -96,16 +92,16 @@ def twofold(live_engine_server, members):
 
 
 def test_a_member_chats_with_the_session_and_the_csrf_token(solo):
-    response = chat(solo, "pirate", headers=csrf(solo))
+    response = chat(solo, model="pirate", headers=csrf(solo))
     assert response.status_code == 200, response.text
     body = response.json()
     assert body["model"] == "pirate" and body["choices"][0]["message"]["content"]
 
 
 def test_a_session_call_without_the_csrf_token_is_refused(solo):
-    assert error_code(chat(solo, "pirate"), 403) == "csrf_failed"
+    assert error_code(chat(solo, model="pirate"), 403) == "csrf_failed"
     wrong = {"X-CSRFToken": "x" * 32}
-    assert error_code(chat(solo, "pirate", headers=wrong), 403) == "csrf_failed"
+    assert error_code(chat(solo, model="pirate", headers=wrong), 403) == "csrf_failed"
 
 
 def test_a_session_lists_its_tenants_models(solo):
@@ -115,7 +111,7 @@ def test_a_session_lists_its_tenants_models(solo):
 def test_a_session_cannot_choose_a_tenant_it_is_not_a_member_of(solo):
     foreign = {"X-Loraplex-Tenant": "serve-b"}  # exists, but solo is not a member
     assert error_code(solo.get("/v1/models", headers=foreign), 403) == "no_tenant"
-    answer = chat(solo, BASE_NAME, headers=csrf(solo, **foreign))
+    answer = chat(solo, model=BASE_NAME, headers=csrf(solo, **foreign))
     assert error_code(answer, 403) == "no_tenant"
 
 
@@ -124,8 +120,8 @@ def test_a_member_of_two_tenants_chooses_one_with_the_header(twofold):
     in_b = {"X-Loraplex-Tenant": "serve-b"}
     assert "pirate" in model_ids(twofold.get("/v1/models", headers=in_a))
     assert model_ids(twofold.get("/v1/models", headers=in_b)) == {BASE_NAME}
-    assert chat(twofold, "pirate", headers=csrf(twofold, **in_a)).status_code == 200
-    refused = chat(twofold, "pirate", headers=csrf(twofold, **in_b))
+    assert chat(twofold, model="pirate", headers=csrf(twofold, **in_a)).status_code == 200
+    refused = chat(twofold, model="pirate", headers=csrf(twofold, **in_b))
     assert error_code(refused, 404) == "model_not_found"
 
 

@@ -4,8 +4,8 @@
 import pytest
 
 from platform_site.checks import MIN_SECRET_LENGTH, secret_problem
-from tests.deploy.test_docker_files import env_example
-from tests.platform.test_settings import GOOD, manage
+from tests.deploy.env_example import env_example
+from tests.platform.commands import GOOD, manage
 from tests.processes import free_port
 
 SECRETS = ("SECRET_KEY", "LORAPLEX_OPERATOR_TOKEN", "LORAPLEX_METRICS_TOKEN")

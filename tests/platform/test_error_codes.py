@@ -11,8 +11,10 @@ import importlib
 import re
 from pathlib import Path
 
-from platform_site import error_responses
+from inference.errors import ENGINE_ERRORS
+from platform_site import error_responses, error_translations
 from platform_site.errors import ApiError
+from tenants.authentication import TRANSLATIONS as AUTHENTICATION_TRANSLATIONS
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("platform_site", "registry", "tenants", "inference", "web")
@@ -119,10 +121,18 @@ def test_every_documented_code_has_its_class():
 
 def test_the_engine_and_framework_tables_answer_with_documented_classes():
     docs = documented()
-    targets = [cls for cls, _ in error_responses.ENGINE_ERRORS.values()]
-    targets += list(error_responses.DRF_ERRORS.values())
+    tables = [error_responses.FRAMEWORK_TRANSLATIONS, error_translations.REGISTERED]
+    targets = [t.api_error for table in tables for t in table.values()]
     for cls in targets:
         assert issubclass(cls, ApiError) and cls.code in docs, cls
+
+
+def test_each_app_registers_its_translations_when_django_starts():
+    """The serving layer answers for the engine's refusals, tenants for DRF's
+    authentication failures: none is left to the 500 an unknown exception gets."""
+    registered = error_translations.REGISTERED
+    assert set(ENGINE_ERRORS) <= set(registered)
+    assert set(AUTHENTICATION_TRANSLATIONS) <= set(registered)
 
 
 def _subclasses(cls: type) -> set[type]:

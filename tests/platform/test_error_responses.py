@@ -51,7 +51,7 @@ def test_an_unexpected_error_in_an_async_view_is_a_json_500_with_a_logged_id(
     tenant_a, make_key, monkeypatch, caplog
 ):
     _, key = make_key(tenant_a)
-    monkeypatch.setattr("inference.views.models_for_tenant", fail)
+    monkeypatch.setattr("inference.openai.views.models_for_tenant", fail)
     response = Client().get("/v1/models", headers={"Authorization": f"Bearer {key}"})
     assert_logged_internal_error(response, caplog)
 

@@ -2,36 +2,14 @@
 
 import multiprocessing
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from platform_site import secrets as secret_files
+from tests.platform.commands import GOOD, manage
 
 ROOT = Path(__file__).resolve().parents[2]
-GOOD = {
-    "SECRET_KEY": "x" * 20 + "-production-secret-for-the-check-0123456789",
-    "LORAPLEX_OPERATOR_TOKEN": "operator-token-for-the-check-0123456789",
-    "LORAPLEX_METRICS_TOKEN": "metrics-token-for-the-check-0123456789",
-}
-
-
-def manage(*args, env):
-    base = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("DATABASE_URL", "SECRET_KEY", "LORAPLEX_", "DEBUG"))
-    }
-    return subprocess.run(
-        [sys.executable, "manage.py", *args],
-        cwd=ROOT,
-        env={**base, **env},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 def test_production_passes_the_deploy_checks(tmp_path):
@@ -53,7 +31,10 @@ def test_production_without_secret_key_refuses_to_start(tmp_path):
 
 
 def test_development_generates_one_secret_per_var_dir(tmp_path):
-    code = "from django.conf import settings; print(settings.SECRET_KEY, settings.DATABASES['default']['NAME'])"
+    code = (
+        "from django.conf import settings; "
+        "print(settings.SECRET_KEY, settings.DATABASES['default']['NAME'])"
+    )
     outputs = [
         manage("shell", "-c", code, env={"LORAPLEX_VAR_DIR": str(tmp_path / d)}).stdout
         for d in "aab"

@@ -7,7 +7,6 @@ environment it inherits) at one bucket on an in-process moto S3 server.
 
 import json
 import os
-import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -249,18 +248,6 @@ def upload(client, name: str, folder: Path | None, **replace):
     return client.post(
         f"/api/v1/adapters/{name}/versions/", files_of(folder, **replace), format="multipart"
     )
-
-
-def wait_for(predicate, *, timeout: float = 60, interval: float = 0.1, what: str = "condition"):
-    """Poll until predicate() is truthy; returns its value."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
 
 
 def sha256_of(path: Path) -> str:

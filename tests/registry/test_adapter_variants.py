@@ -13,9 +13,10 @@ import pytest
 from inference.engine.formats.safetensors_header import parse_header
 from registry.models import AdapterVersion
 from registry.services.base_models import base_model_import, base_model_recheck
-from tests.registry.conftest import make_ready_version, sha256_of, upload, wait_for
+from tests.registry.conftest import make_ready_version, sha256_of, upload
 from tests.registry.peft_variants import VARIANT_FAMILIES, VARIANTS, import_family
 from tests.tiny_models import make_tiny_model
+from tests.waiting import wait_for
 
 
 def tensor_shapes(folder: Path) -> dict[str, list[int]]:

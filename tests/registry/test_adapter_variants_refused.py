@@ -63,7 +63,8 @@ BAD_VARIANTS = [
     ("rank_pattern_disagrees_with_tensors", "rank_pattern",
      {"config": config_set(rank_pattern={})}, ("v_proj.lora_A.weight has rank 8 but r is 4",)),
     ("alpha_pattern_not_a_number", "alpha_pattern",
-     {"config": config_set(alpha_pattern={"v_proj": "high"})}, ("alpha_pattern", "'v_proj'", "'high'")),
+     {"config": config_set(alpha_pattern={"v_proj": "high"})},
+     ("alpha_pattern", "'v_proj'", "'high'")),
 ]  # fmt: skip
 
 

@@ -7,8 +7,9 @@ PEFT compute for the same rows.
 import pytest
 
 from registry.models import AdapterVersion
-from tests.registry.conftest import files_of, wait_for
+from tests.registry.conftest import files_of
 from tests.registry.peft_variants import VARIANT_FAMILIES, VARIANTS, import_family
+from tests.waiting import wait_for
 
 OPERATOR_TOKEN = "variants-operator-token"
 

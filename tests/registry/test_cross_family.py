@@ -17,8 +17,9 @@ from registry.models import AdapterVersion
 from registry.services.base_models import base_model_import, base_model_recheck, read_model_folder
 from registry.validation import validate_adapter_files
 from tests.peft_adapters import make_peft_adapter
-from tests.registry.conftest import make_ready_version, targets_of, upload, wait_for
+from tests.registry.conftest import make_ready_version, targets_of, upload
 from tests.tiny_models import FAMILIES
+from tests.waiting import wait_for
 
 ORDER = tuple(FAMILIES)  # llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3
 # each family's adapter goes to the next family's base: every family once on each side

@@ -11,7 +11,9 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 
 from audit.models import AuditEvent
 from registry.models import AdapterVersion, EvalSet
-from registry.services.eval_sets import eval_set_attach_default, eval_set_for, eval_set_rows
+from registry.selectors import eval_set_for
+from registry.services.eval_sets import eval_set_attach_default
+from registry.services.evaluations import eval_set_rows
 from tenants.scopes import INFERENCE, REGISTRY_READ, REGISTRY_WRITE
 from tests.registry.conftest import files_of, stored_objects
 

@@ -20,13 +20,10 @@ from registry import objectstore
 from registry.errors import InvalidEvalSet, StorageUnavailable, UploadTooLarge
 from registry.eval_sets import MAX_ROW_CHARS, parse_eval_set
 from registry.models import EvalSet
+from registry.selectors import eval_set_for
 from registry.services.adapters import adapter_create
-from registry.services.eval_sets import (
-    eval_set_attach,
-    eval_set_attach_default,
-    eval_set_for,
-    eval_set_rows,
-)
+from registry.services.eval_sets import eval_set_attach, eval_set_attach_default
+from registry.services.evaluations import eval_set_rows
 from registry.staging import StagingError
 from tests.registry.conftest import ALICE_ACTOR, BASE_NAME, make_ready_version, stored_objects
 

@@ -5,7 +5,7 @@ show of it.
 The engine's scoring call is replaced by `scorer` (tests/registry/conftest.py FakeScorer),
 which answers chosen perplexities in the engine's shape; the evaluation task itself runs, in
 this process (`run_evaluations`). The engine unreachable is the real client against a port
-nothing listens on. tests/inference/test_evaluation_live.py runs the same against a live
+nothing listens on. tests/inference/operator/test_evaluation_live.py runs the same against a live
 engine, with a trained adapter and noisy base revisions.
 """
 

@@ -25,7 +25,8 @@ from registry.tasks import sweep_stuck_validations
 from tests.faults.proxy import FaultProxy
 from tests.faults.services import RedisServer
 from tests.faults.workers import start_worker, stop
-from tests.registry.conftest import ALICE_ACTOR, make_ready_version, sha256_of, wait_for
+from tests.registry.conftest import ALICE_ACTOR, make_ready_version, sha256_of
+from tests.waiting import wait_for
 
 
 def create_version(adapter, folder: Path) -> AdapterVersion:
@@ -275,7 +276,7 @@ def test_a_worker_killed_mid_download_leaves_no_folder_and_the_task_goes_to_anot
             temps = [p for p in cache.glob(f".{version.uid.hex}.*") if p.is_dir()]
             return temps and (temps[0] / "adapter_model.safetensors").exists() and temps[0]
 
-        temp = wait_for(downloading, timeout=30, what="the first worker to download the weights")
+        temp = wait_for(downloading, what="the first worker to download the weights")
         first.send_signal(signal.SIGKILL)
         first.wait(timeout=10)
         # Only the hidden temporary folder holds the partial copy: nothing the engine loads.
@@ -284,7 +285,7 @@ def test_a_worker_killed_mid_download_leaves_no_folder_and_the_task_goes_to_anot
 
         time.sleep(max(0.0, 3.5 - (time.monotonic() - taken)))  # past the visibility timeout
         second = start_worker(tmp_path / "worker-2.log", AWS_S3_ENDPOINT_URL=s3.endpoint, **common)
-        wait_for(lambda: staged_folders(cache), timeout=60, what="the task redelivered")
+        wait_for(lambda: staged_folders(cache), what="the task redelivered")
         assert staged_folders(cache) == [version.uid.hex]
         assert_staged_intact(cache, version)
         assert "registry.stage_adapter_version" in (tmp_path / "worker-2.log").read_text()
@@ -322,7 +323,7 @@ def test_staging_through_failing_storage_is_retried_then_given_up_leaving_nothin
         # Connections die mid-way through the weights, twice; the third attempt gets through.
         proxy.set("cut", cut_after=5000, cut_connections=2, cuts=0)
         publish(broker.url, queue.STAGE, flaky.pk)
-        wait_for(lambda: staged_folders(cache), timeout=60, what="staging after two cuts")
+        wait_for(lambda: staged_folders(cache), what="staging after two cuts")
         assert proxy.cuts == 2 and log.read_text().count("Retry in") == 2
         assert_staged_intact(cache, flaky)
 
@@ -331,7 +332,6 @@ def test_staging_through_failing_storage_is_retried_then_given_up_leaving_nothin
         publish(broker.url, queue.STAGE, down.pk)
         wait_for(
             lambda: f"{queue.STAGE}[" in log.read_text() and " raised " in log.read_text(),
-            timeout=60,
             what="the task to give up",
         )
         assert proxy.cuts >= 3

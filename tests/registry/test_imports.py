@@ -142,7 +142,7 @@ def test_bad_prefixes_are_refused_when_an_operator_saves_them(tenant_a, prefixes
         allow(tenant_a, prefixes)
 
 
-# ---------------------------------------------------------------- missing and unreadable: one answer
+# ------------------------------------------------------------ missing and unreadable: one answer
 
 
 def deny_reads(monkeypatch):

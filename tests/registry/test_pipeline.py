@@ -9,7 +9,8 @@ from inference.engine.lora.peft_rules import ArchFingerprint, load_adapter_tenso
 from registry.models import AdapterVersion
 from registry.selectors import adapter_version_resolve, base_model_default
 from registry.staging import ensure_staged
-from tests.registry.conftest import sha256_of, stored_objects, upload, wait_for
+from tests.registry.conftest import sha256_of, stored_objects, upload
+from tests.waiting import wait_for
 
 
 def test_upload_is_validated_staged_and_promoted_through_a_real_worker(

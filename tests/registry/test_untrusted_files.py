@@ -23,7 +23,8 @@ from registry.services.versions import adapter_version_create
 from registry.tasks import recheck_compatibility, validate_adapter_version
 from registry.validation import validate_adapter_files
 from tests.registry import safetensors_edit as edit
-from tests.registry.conftest import ALICE_ACTOR, make_ready_version, upload, wait_for
+from tests.registry.conftest import ALICE_ACTOR, make_ready_version, upload
+from tests.waiting import wait_for
 
 HUGE = int("9" * 4000)
 
@@ -226,7 +227,6 @@ def test_hostile_uploads_end_rejected_and_the_worker_keeps_serving_everyone(
     final = {
         name: wait_for(
             lambda url=url: (b := client.get(url).json())["status"] in ("ready", "rejected") and b,
-            timeout=90,
             what=f"the worker to decide on {name}",
         )
         for name, url in urls.items()

@@ -8,7 +8,6 @@ replicas (and HAProxy) and stops them. Slugs are unique to this package.
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -102,11 +101,3 @@ def redis_required() -> str:
             pytest.fail("REDIS_URL is not set")
         pytest.skip("REDIS_URL is not set: replicas share Redis")
     return url
-
-
-def wait_for(check, *, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} did not happen within {timeout} s")
-        time.sleep(0.05)

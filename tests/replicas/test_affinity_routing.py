@@ -17,9 +17,10 @@ import pytest
 from django.test import override_settings
 
 from registry import engines
+from tests.waiting import wait_for
 
 from .cluster import Cluster, Replica, start_cluster
-from .conftest import OPERATOR_TOKEN, TENANT, start_replica, wait_for
+from .conftest import OPERATOR_TOKEN, TENANT, start_replica
 from .router import CHECK_INTERVAL_SECONDS, Router
 
 pytestmark = pytest.mark.django_db
@@ -157,11 +158,10 @@ def test_sigterm_under_traffic_fails_no_request(cluster, replica_data):
     cluster.router = Router(replica_data.tmp, servers).start()
     draining = cluster.replicas[1]
     with Traffic(cluster) as traffic:
-        wait_for(lambda: traffic.ok >= 6, timeout=60, what="traffic flowing")
+        wait_for(lambda: traffic.ok >= 6, what="traffic flowing")
         # the signal lands while the replica is in the middle of requests
         wait_for(
             lambda: draining.metrics()[0].get("loraplex_requests_running", 0) >= 1,
-            timeout=30,
             what="a request running on the replica about to drain",
         )
         before = traffic.ok

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import signal
 import time
+from functools import partial
 
 import httpx
 import openai
 import pytest
 
+from tests.clients import openai_chat
 from tests.inference.conftest import stop_server
 from tests.smollm2 import smollm2_dir
 
@@ -93,14 +95,13 @@ def client(router: Router, key: str, base: str | None = None) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{router.url}{prefix}/v1", api_key=key, max_retries=0)
 
 
-def chat(api: openai.OpenAI, model: str):
-    return api.chat.completions.create(
-        model=model,
-        messages=[{"role": "user", "content": "What is the capital of France?"}],
-        max_tokens=4,
-        temperature=0,
-        timeout=120,
-    )
+chat = partial(  # chat(client(...), model)
+    openai_chat,
+    messages=[{"role": "user", "content": "What is the capital of France?"}],
+    max_tokens=4,
+    temperature=0,
+    timeout=120,
+)
 
 
 def holds(replica: Replica, prefix: str) -> bool:

@@ -10,9 +10,10 @@ import redis
 from django.conf import settings
 
 from registry.announcements import CHANNEL
+from tests.waiting import wait_for
 
 from .cluster import start_cluster
-from .conftest import BASE_NAME, TENANT, make_adapter, redis_required, upload_ready, wait_for
+from .conftest import BASE_NAME, TENANT, make_adapter, redis_required, upload_ready
 
 pytestmark = pytest.mark.django_db
 
@@ -36,7 +37,7 @@ def promoted(replica_data, django_db_blocker):
     redis_required()
     cluster = start_cluster(replica_data, ["p1", "p2"])
     try:
-        wait_for(lambda: listeners() >= 2, timeout=30, what="both replicas subscribing")
+        wait_for(lambda: listeners() >= 2, what="both replicas subscribing")
         folder = make_adapter(
             replica_data.base_dir, replica_data.tmp / "promo", seed=99, base_name=BASE_NAME
         )
@@ -57,7 +58,7 @@ def test_a_promoted_version_is_on_each_replicas_disk_before_its_first_request(
 ):
     cluster, version = promoted
     caches = [replica_data.tmp / f"cache-{r.name}" / version.uid.hex for r in cluster.replicas]
-    wait_for(lambda: all(c.is_dir() for c in caches), timeout=30, what="staging on both disks")
+    wait_for(lambda: all(c.is_dir() for c in caches), what="staging on both disks")
 
     answer = cluster.openai().chat.completions.create(
         model="promo@production",

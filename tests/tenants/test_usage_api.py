@@ -10,20 +10,9 @@ from inference import usage
 from registry.models import Adapter, AdapterVersion, BaseModel
 from tenants.models import UsageRecord
 from tenants.usage import usage_totals
+from tests.usage_records import usage_record
 
 pytestmark = pytest.mark.django_db
-
-
-def add(tenant, model, prompt, completion, *, version=None, days_ago=0):
-    UsageRecord.objects.create(
-        tenant=tenant,
-        adapter_version=version,
-        model=model,
-        endpoint="chat.completions",
-        prompt_tokens=prompt,
-        completion_tokens=completion,
-        created_at=timezone.now() - timedelta(days=days_ago),
-    )
 
 
 def version_of(tenant, adapter_name: str, number: int) -> AdapterVersion:
@@ -51,10 +40,10 @@ def version_of(tenant, adapter_name: str, number: int) -> AdapterVersion:
 
 def test_usage_by_adapter_and_by_day(tenant_a, tenant_b, make_key, key_client):
     bot, other = version_of(tenant_a, "bot", 3), version_of(tenant_a, "other", 1)
-    add(tenant_a, "bot", 10, 5, version=bot)
-    add(tenant_a, "bot", 1, 1, version=bot, days_ago=1)
-    add(tenant_a, "other", 3, 4, version=other)
-    add(tenant_b, "bot", 100, 100, version=version_of(tenant_b, "bot", 3))
+    usage_record(tenant_a, "bot", 10, 5, version=bot)
+    usage_record(tenant_a, "bot", 1, 1, version=bot, days_ago=1)
+    usage_record(tenant_a, "other", 3, 4, version=other)
+    usage_record(tenant_b, "bot", 100, 100, version=version_of(tenant_b, "bot", 3))
     _, key = make_key(tenant_a, scopes=["registry:read"])
     client = key_client(key)
     by_adapter = client.get("/api/v1/usage/").json()["data"]
@@ -86,9 +75,9 @@ def test_usage_by_adapter_and_by_day(tenant_a, tenant_b, make_key, key_client):
 def test_every_name_for_one_version_counts_in_one_row(tenant_a, make_key, key_client):
     v2, v3 = version_of(tenant_a, "bot", 2), version_of(tenant_a, "bot", 3)
     for model in ("bot", "bot@canary", "bot:3"):  # the bare name, an alias, the number
-        add(tenant_a, model, 1, 1, version=v3)
-    add(tenant_a, "bot:2", 5, 0, version=v2)
-    add(tenant_a, "tiny-llama", 7, 7)  # the base model alone: its own row, under its name
+        usage_record(tenant_a, model, 1, 1, version=v3)
+    usage_record(tenant_a, "bot:2", 5, 0, version=v2)
+    usage_record(tenant_a, "tiny-llama", 7, 7)  # the base model alone: its own row, under its name
     _, key = make_key(tenant_a, scopes=["registry:read"])
     rows = key_client(key).get("/api/v1/usage/").json()["data"]
     assert [(r["adapter"], r["version"], r["requests"], r["total_tokens"]) for r in rows] == [

@@ -1,32 +1,17 @@
 """The adapters list and one adapter's page show what the registry holds, for the right tenant."""
 
-from datetime import timedelta
-
 import pytest
 from django.test import Client
-from django.utils import timezone
 
 from audit.models import AuditEvent
 from registry.models import Alias
 from registry.services.adapters import adapter_create
 from registry.services.aliases import alias_set
-from tenants.models import UsageRecord
 from tests.ui.conftest import ALICE_ACTOR, make_version, page
 from tests.ui.forms import press
+from tests.usage_records import usage_record
 
 pytestmark = pytest.mark.django_db
-
-
-def usage(tenant, version, *, hours_ago=0, model="support-bot"):
-    return UsageRecord.objects.create(
-        tenant=tenant,
-        adapter_version=version,
-        model=model,
-        endpoint="chat",
-        prompt_tokens=10,
-        completion_tokens=5,
-        created_at=timezone.now() - timedelta(hours=hours_ago),
-    )
 
 
 def test_anonymous_visitors_are_sent_to_sign_in(client):
@@ -56,8 +41,9 @@ def test_the_list_shows_latest_version_aliases_and_last_days_requests(
     make_version(adapter, second_adapter_dir)
     alias_set(adapter=adapter, name="production", version_number=1, actor=ALICE_ACTOR)
     for _ in range(3):
-        usage(adapter.tenant, v1, hours_ago=1)
-    usage(adapter.tenant, v1, hours_ago=30)  # older than a day: not counted
+        usage_record(adapter.tenant, "support-bot", 10, 5, version=v1, hours_ago=1)
+    # older than a day: not counted
+    usage_record(adapter.tenant, "support-bot", 10, 5, version=v1, hours_ago=30)
     adapter_create(tenant=adapter.tenant, name="empty-one", actor=ALICE_ACTOR)
 
     html = page(signed_in(alice).get("/adapters/"))

@@ -7,13 +7,13 @@ from django.contrib.auth.models import Permission
 from django.test import Client
 
 from audit.models import AuditEvent
-from registry import admin as registry_admin
+from registry import queue
 from registry.models import AdapterVersion, Alias, Evaluation
 from registry.services.aliases import alias_set
 from tenants.models import ApiKey, Tenant, UsageRecord
-from tests.registry.conftest import wait_for
 from tests.ui.conftest import ALICE_ACTOR, make_version, page
 from tests.ui.engine_recorder import start_recorder
+from tests.waiting import wait_for
 
 
 @pytest.fixture
@@ -251,7 +251,7 @@ def everything(adapter, good_adapter_dir, tenant_a, tenant_b, make_key, monkeypa
     key, _ = make_key(tenant_a)
     Tenant.objects.filter(pk=tenant_b.pk).update(is_active=False)
     queued = []
-    monkeypatch.setattr(registry_admin.queue, "send_on_commit", lambda *a: queued.append(a))
+    monkeypatch.setattr(queue, "send_on_commit", lambda *a: queued.append(a))
     return {
         "tenants/tenant": tenant_a,
         "tenants/apikey": key,

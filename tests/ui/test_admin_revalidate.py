@@ -2,8 +2,8 @@
 rejected by a fault (object storage down, say) becomes ready again without a new upload."""
 
 from registry.models import AdapterVersion
-from tests.registry.conftest import wait_for
 from tests.ui.conftest import make_version, page
+from tests.waiting import wait_for
 
 
 def test_revalidating_a_version_rejected_by_a_fault_makes_a_worker_validate_it_again(

@@ -5,23 +5,11 @@ from datetime import date, timedelta
 import pytest
 from django.utils import timezone
 
-from tenants.models import UsageRecord
 from tests.ui.conftest import make_version, page
+from tests.usage_records import usage_record
 from web.charts import nice_ceiling, stacked_bars
 
 pytestmark = pytest.mark.django_db
-
-
-def record(tenant, *, version=None, model, prompt, completion, days_ago=0):
-    UsageRecord.objects.create(
-        tenant=tenant,
-        adapter_version=version,
-        model=model,
-        endpoint="chat",
-        prompt_tokens=prompt,
-        completion_tokens=completion,
-        created_at=timezone.now() - timedelta(days=days_ago),
-    )
 
 
 def test_the_usage_page_charts_and_tabulates_tokens_per_day_and_adapter(
@@ -29,12 +17,12 @@ def test_the_usage_page_charts_and_tabulates_tokens_per_day_and_adapter(
 ):
     v1 = make_version(adapter, good_adapter_dir)
     tenant = adapter.tenant
-    record(tenant, version=v1, model="support-bot", prompt=100, completion=20)
-    record(tenant, version=v1, model="support-bot@canary", prompt=1, completion=2)
-    record(tenant, version=v1, model="support-bot", prompt=30, completion=3, days_ago=2)
-    record(tenant, model="tiny-llama", prompt=7, completion=7)
-    record(tenant_b, model="tiny-llama", prompt=9999, completion=1)  # another tenant's
-    record(tenant, model="tiny-llama", prompt=5, completion=5, days_ago=45)  # outside 30 days
+    usage_record(tenant, version=v1, model="support-bot", prompt=100, completion=20)
+    usage_record(tenant, version=v1, model="support-bot@canary", prompt=1, completion=2)
+    usage_record(tenant, version=v1, model="support-bot", prompt=30, completion=3, days_ago=2)
+    usage_record(tenant, model="tiny-llama", prompt=7, completion=7)
+    usage_record(tenant_b, model="tiny-llama", prompt=9999, completion=1)  # another tenant's
+    usage_record(tenant, model="tiny-llama", prompt=5, completion=5, days_ago=45)  # outside 30 days
 
     html = page(signed_in(bob).get("/usage/"))
 
@@ -56,8 +44,8 @@ def test_the_versions_of_one_adapter_add_up_under_its_name(
     signed_in, bob, adapter, good_adapter_dir, second_adapter_dir
 ):
     v1, v2 = make_version(adapter, good_adapter_dir), make_version(adapter, second_adapter_dir)
-    record(adapter.tenant, version=v1, model="support-bot:1", prompt=10, completion=0)
-    record(adapter.tenant, version=v2, model="support-bot@production", prompt=5, completion=0)
+    usage_record(adapter.tenant, version=v1, model="support-bot:1", prompt=10, completion=0)
+    usage_record(adapter.tenant, version=v2, model="support-bot@production", prompt=5, completion=0)
 
     html = page(signed_in(bob).get("/usage/"))
 

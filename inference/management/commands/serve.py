@@ -20,9 +20,10 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from inference import usage
-from inference.engine_host import HOST, EngineUnavailable, host_engine_in_this_process
-from inference.pinning import pin_configured_adapters
-from inference.prefetch import start_prefetcher
+from inference.errors import EngineUnavailable
+from inference.host.engine_host import HOST, host_engine_in_this_process
+from inference.host.prefetch import start_prefetcher
+from inference.host.startup_adapters import load_lora_modules, pin_configured_adapters
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +31,10 @@ ENGINE_FAILED_EXIT_CODE = 70  # EX_SOFTWARE: an internal error, restart me
 
 
 class Command(BaseCommand):
-    help = "Serve the control plane and the OpenAI-compatible API (with the engine unless LORAPLEX_ENGINE=off)."
+    help = (
+        "Serve the control plane and the OpenAI-compatible API (with the engine unless "
+        "LORAPLEX_ENGINE=off)."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("--host", default="127.0.0.1")
@@ -55,6 +59,7 @@ class Command(BaseCommand):
         if settings.ENGINE_ENABLED:
             try:
                 host_engine_in_this_process()
+                load_lora_modules(HOST)
             except EngineUnavailable as exc:
                 raise CommandError(str(exc)) from None
             pin_configured_adapters(HOST)

@@ -3,7 +3,7 @@ from pathlib import Path
 from django.core.management.base import BaseCommand, CommandError
 
 from registry.errors import RegistryError
-from registry.models import BaseModel
+from registry.selectors import base_model_find, base_model_names
 from registry.services.eval_sets import eval_set_attach_default
 
 ACTOR = "system:operator"
@@ -20,9 +20,9 @@ class Command(BaseCommand):
         parser.add_argument("file", type=Path, help="the eval set, JSONL")
 
     def handle(self, base_model, file, **options):
-        found = BaseModel.objects.filter(name=base_model).first()
+        found = base_model_find(name=base_model)
         if found is None:
-            known = ", ".join(BaseModel.objects.values_list("name", flat=True)) or "none"
+            known = ", ".join(base_model_names()) or "none"
             raise CommandError(f"no base model named {base_model!r}; known: {known}")
         try:
             with open(file, "rb") as f:

@@ -1,6 +1,6 @@
 """`manage.py serve` with faults injected, for the live-server tests of what a fault does.
 
-`python -m tests.inference.fault_serve --port N` runs the real command in this process
+`python -m tests.inference.host.fault_serve --port N` runs the real command in this process
 after patching what the environment asks for; `start_fault_server` starts it like
 conftest's `start_server`. Test-only: nothing in the product reads these variables.
 
@@ -22,7 +22,7 @@ def start_fault_server(tmp: Path, extra_env: dict) -> tuple[str, subprocess.Pope
     from tests.inference.conftest import start_server
 
     return start_server(
-        tmp, extra_env, args=("-m", "tests.inference.fault_serve"), name="fault-serve"
+        tmp, extra_env, args=("-m", "tests.inference.host.fault_serve"), name="fault-serve"
     )
 
 
@@ -40,12 +40,12 @@ def _fail_steps_once(path: str) -> None:
 
 
 def _delay_stream_start(seconds: float) -> None:
-    from inference import views
+    from inference.openai import views
 
     generate = views._generate
 
-    async def slow_generate(request, kind):
-        response = await generate(request, kind)
+    async def slow_generate(request, endpoint):
+        response = await generate(request, endpoint)
         if response.streaming:
             await asyncio.sleep(seconds)
         return response

@@ -3,8 +3,8 @@ name that is not imported stops the start with the names that are."""
 
 import pytest
 
-from inference.engine_host import _base_model_to_serve
 from inference.errors import EngineUnavailable
+from inference.host.engine_host import _base_model_to_serve
 from registry.models import BaseModel
 
 pytestmark = pytest.mark.django_db

@@ -11,7 +11,6 @@ import asyncio
 import json
 import threading
 
-import httpx
 import pytest
 
 from inference.engine import (
@@ -23,8 +22,9 @@ from inference.engine import (
     SamplingParams,
 )
 from inference.management.commands.serve import ENGINE_FAILED_EXIT_CODE
+from tests.clients import chat_stream
 from tests.inference.conftest import BASE_NAME
-from tests.inference.fault_serve import start_fault_server
+from tests.inference.host.fault_serve import start_fault_server
 from tests.tiny_llama import make_tiny_llama
 
 LONG = SamplingParams(max_tokens=400, ignore_eos=True)
@@ -79,7 +79,7 @@ def test_a_failed_step_fails_every_request_and_the_engine_stays_dead(tmp_path):
 
 
 def test_readiness_fails_once_the_engine_is_dead(tmp_path, client, db, monkeypatch):
-    from inference import engine_host
+    from inference.host import engine_host
     from platform_site.health import READINESS_CHECKS
 
     host = engine_host.EngineHost()
@@ -111,20 +111,8 @@ def test_readiness_fails_once_the_engine_is_dead(tmp_path, client, db, monkeypat
 
 def _stream(server, key, out: list, ready: threading.Event):
     """Read one streamed chat completion's data events into `out`."""
-    body = {
-        "model": BASE_NAME,
-        "messages": [{"role": "user", "content": "Count to a thousand."}],
-        "max_tokens": 400,
-        "ignore_eos": True,
-        "stream": True,
-    }
-    with httpx.stream(
-        "POST",
-        f"{server}/v1/chat/completions",
-        json=body,
-        headers={"Authorization": f"Bearer {key}"},
-        timeout=60,
-    ) as response:
+    count = [{"role": "user", "content": "Count to a thousand."}]
+    with chat_stream(server, key, model=BASE_NAME, messages=count) as response:
         out.append(response.status_code)
         for line in response.iter_lines():
             if line.startswith("data: "):

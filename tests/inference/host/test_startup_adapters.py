@@ -1,15 +1,15 @@
 """LORAPLEX_LORA_MODULES, in process: a malformed entry stops the start naming it; an entry
 whose files cannot be registered is logged and skipped. (A live `serve` started with it
-registers, loads and pins: tests/inference/test_operator_load.py.)"""
+registers, loads and pins: tests/inference/operator/test_operator_load.py.)"""
 
 import logging
 
 import pytest
 
-from inference.engine_host import HOST
 from inference.errors import EngineUnavailable
-from inference.lora_modules import configured_modules, load_lora_modules
-from inference.operator import OperatorCall
+from inference.host.engine_host import HOST
+from inference.host.lora_loading import OperatorCall
+from inference.host.startup_adapters import configured_modules, load_lora_modules
 
 pytestmark = pytest.mark.django_db
 
@@ -42,7 +42,7 @@ def test_a_malformed_entry_stops_the_start_naming_it(settings, entry, words):
 
 def test_files_that_cannot_be_registered_are_logged_and_skipped(settings, tmp_path, caplog):
     settings.LORA_MODULES = [f"nobody/bot={tmp_path}", "acme/bot=relative/run"]
-    with caplog.at_level(logging.ERROR, logger="inference.lora_modules"):
+    with caplog.at_level(logging.ERROR, logger="inference.host.startup_adapters"):
         assert load_lora_modules(HOST) == []  # neither reaches the engine
     logged = caplog.text
     assert "nobody/bot not loaded" in logged and "does not exist" in logged

@@ -19,7 +19,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from inference.engine.parallel.workers import process_name
+from inference.engine.parallel_workers import process_name
 from inference.management.commands.serve import ENGINE_FAILED_EXIT_CODE
 from tests.engine.lora_fixtures import ALL_LINEAR, ATTENTION
 from tests.inference.conftest import drop_live_rows, server_env, start_server, stop_server

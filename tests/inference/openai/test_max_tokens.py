@@ -1,4 +1,4 @@
-"""max_tokens has a per-deployment default and cap (inference/max_tokens.py).
+"""max_tokens has a per-deployment default and cap (inference/openai/max_tokens.py).
 
 Before, a chat request without `max_tokens` generated to the end of the context whenever the
 model did not stop (8,000 tokens, minutes of CPU), and nothing bounded one that asked.
@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from inference.errors import ProtocolError
-from inference.max_tokens import max_tokens_for
+from inference.openai.max_tokens import max_tokens_for
 from platform_site.checks import max_tokens_limits
 from tests.inference.conftest import BASE_NAME, start_server, stop_server
 

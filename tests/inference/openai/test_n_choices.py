@@ -2,23 +2,24 @@
 `seed + i`, as in vLLM), merged into one answer or one stream, metered once.
 
 The live tests run the real `openai` client against `manage.py serve` with the tiny model;
-the first ones check the merging of engine streams (inference/choices.py) on the engine's
+the first ones check the merging of engine streams (inference/openai/choices.py) on the engine's
 own RequestStream objects.
 """
 
 import asyncio
-import time
+from functools import partial
 
 import httpx
 import openai
 import pytest
 
-from inference.choices import ChoiceStreams
 from inference.engine import RequestOutput, RequestStream
 from inference.engine.errors import AdapterLoadError
-from tests.faults.services import wait_until
+from inference.openai.choices import ChoiceStreams
+from tests.clients import metric, openai_chat
 from tests.inference.conftest import BASE_NAME, start_server, stop_server
-from tests.inference.test_openai_api import metric
+from tests.processes import committed
+from tests.waiting import wait_for
 
 # The server reads rows committed by the module's fixtures; tests change them only over HTTP.
 pytestmark = pytest.mark.django_db
@@ -109,14 +110,14 @@ def test_closing_or_cancelling_the_reader_aborts_every_unfinished_choice() -> No
 # ---------------------------------------------------------------- live
 
 
-def chat(server, **kwargs):
-    return server.openai().chat.completions.create(
-        model=BASE_NAME,
-        messages=QUESTION,
-        temperature=1.0,
-        extra_body={"ignore_eos": True},
-        **{"max_tokens": 8, **kwargs},
-    )
+chat = partial(
+    openai_chat,
+    model=BASE_NAME,
+    messages=QUESTION,
+    temperature=1.0,
+    max_tokens=8,
+    extra_body={"ignore_eos": True},
+)
 
 
 def test_n_choices_equal_single_requests_seeded_seed_plus_i(live_engine_server):
@@ -212,7 +213,7 @@ def test_a_client_gone_mid_stream_aborts_every_choice(live_engine_server):
             and metric(live_engine_server, "loraplex_kv_cache_blocks_used") == 0
         )
 
-    wait_until(all_aborted, timeout=20, what="every choice aborted, its KV blocks freed")
+    wait_for(all_aborted, what="every choice aborted, its KV blocks freed")
 
 
 def test_one_usage_record_per_http_request(live_engine_server):
@@ -229,12 +230,15 @@ def test_one_usage_record_per_http_request(live_engine_server):
         extra_body={"ignore_eos": True},
     )
     assert reply.usage.prompt_tokens == len(PROMPT) and reply.usage.completion_tokens == 20
-    deadline = time.monotonic() + 10  # the usage writer stores records every second
-    while not records.exists():
-        assert time.monotonic() < deadline, "no usage record"
-        time.sleep(0.2)
-    time.sleep(1.5)  # a second record would be written by now
-    (record,) = records
+    # Records are queued as each request ends, before its answer, and written in that order:
+    # once the record of a request sent after this one is stored, all of this one's are.
+    later = client.completions.create(model=BASE_NAME, prompt=PROMPT[:3], max_tokens=1)
+    assert later.usage.prompt_tokens == 3
+    wait_for(
+        lambda: committed(records.filter(prompt_tokens=3).exists),
+        what="the later request's usage record",
+    )
+    (record,) = committed(lambda: list(records.exclude(prompt_tokens=3)))
     assert (record.prompt_tokens, record.completion_tokens, record.status) == (
         len(PROMPT),
         20,

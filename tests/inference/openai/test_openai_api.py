@@ -1,24 +1,23 @@
-"""The OpenAI-compatible API over HTTP, with the official `openai` client, against `manage.py serve`."""
+"""The OpenAI-compatible API over HTTP, with the official `openai` client, against
+`manage.py serve`."""
 
 import json
-import re
-import time
+from functools import partial
 
 import httpx
 import openai
 import pytest
 
+from tests.clients import chat_stream, metric, openai_chat
 from tests.inference.conftest import BASE_NAME, start_server, stop_server
+from tests.waiting import wait_for
 
 # The server reads rows committed by the module's fixtures; tests change them only over HTTP.
 pytestmark = pytest.mark.django_db
 QUESTION = [{"role": "user", "content": "Say something."}]
 
 
-def greedy_chat(server, model, **kwargs):
-    return server.openai().chat.completions.create(
-        model=model, messages=QUESTION, max_tokens=12, temperature=0, **kwargs
-    )
+greedy_chat = partial(openai_chat, messages=QUESTION, max_tokens=12, temperature=0)
 
 
 def test_chat_completion_on_the_base_model(live_engine_server):
@@ -157,9 +156,7 @@ def test_credentials_are_checked(live_engine_server, serve_data):
 
 
 def greedy_chat_with(server, key):
-    return server.openai(key).chat.completions.create(
-        model=BASE_NAME, messages=QUESTION, max_tokens=2
-    )
+    return openai_chat(server.openai(key), BASE_NAME, messages=QUESTION, max_tokens=2)
 
 
 def post_raw(server, body: bytes | dict, headers=None):
@@ -219,74 +216,43 @@ def test_bad_requests_are_refused_and_the_server_keeps_serving(
     assert greedy_chat(live_engine_server, BASE_NAME).choices[0].message.content
 
 
-def metric(server, name: str) -> float:
-    text = httpx.get(f"{server.url}/metrics").text
-    match = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
-    assert match, f"{name} not in /metrics"
-    return float(match.group(1))
-
-
 def test_disconnect_mid_stream_frees_the_engine_request(live_engine_server):
-    body = {
-        "model": BASE_NAME,
-        "messages": QUESTION,
-        "max_tokens": 400,
-        "stream": True,
-        "ignore_eos": True,
-    }
-    with httpx.stream(
-        "POST",
-        f"{live_engine_server.url}/v1/chat/completions",
-        json=body,
-        timeout=60,
-        headers={"Authorization": f"Bearer {live_engine_server.key_a}"},
-    ) as response:
+    server = live_engine_server
+    with chat_stream(server, server.key_a, model=BASE_NAME, messages=QUESTION) as response:
         lines = response.iter_lines()
         for _ in range(4):
             next(lines)
-        assert metric(live_engine_server, "loraplex_kv_cache_blocks_used") > 0
-    deadline = time.monotonic() + 20
-    while metric(live_engine_server, "loraplex_kv_cache_blocks_used") > 0:
-        assert time.monotonic() < deadline, "the aborted request still holds KV blocks"
-        time.sleep(0.1)
-    assert metric(live_engine_server, "loraplex_requests_running") == 0
+        assert metric(server, "loraplex_kv_cache_blocks_used") > 0
+    wait_for(
+        lambda: metric(server, "loraplex_kv_cache_blocks_used") == 0,
+        what="the aborted request's KV blocks freed",
+    )
+    assert metric(server, "loraplex_requests_running") == 0
 
 
 def test_metrics_scraped_during_a_stream_show_it_running(live_engine_server):
-    body = {
-        "model": "pirate",
-        "messages": QUESTION,
-        "max_tokens": 400,
-        "stream": True,
-        "ignore_eos": True,
-    }
-    before = metric(live_engine_server, "loraplex_generation_tokens_total")
-    with httpx.stream(
-        "POST",
-        f"{live_engine_server.url}/v1/chat/completions",
-        json=body,
-        timeout=60,
-        headers={"Authorization": f"Bearer {live_engine_server.key_a}"},
-    ) as response:
+    server = live_engine_server
+    before = metric(server, "loraplex_generation_tokens_total")
+    with chat_stream(server, server.key_a, model="pirate", messages=QUESTION) as response:
         lines = response.iter_lines()
         while '"content":""' in (line := next(lines)) or not line:
             pass  # the role chunk first: then tokens, so the request is in the batch
-        deadline = time.monotonic() + 10
-        while metric(live_engine_server, "loraplex_requests_running") < 1:
-            assert time.monotonic() < deadline, "a streaming request is not counted as running"
-            time.sleep(0.05)
-        assert metric(live_engine_server, "loraplex_lora_slots_used") >= 1  # pirate's slot
-        assert metric(live_engine_server, "loraplex_generation_tokens_total") > before
-        assert metric(live_engine_server, "vllm:kv_cache_usage_perc") > 0
-    deadline = time.monotonic() + 20  # closing the stream aborts it: the gauge falls back
-    while metric(live_engine_server, "loraplex_requests_running") > 0:
-        assert time.monotonic() < deadline, "the closed stream still counts as running"
-        time.sleep(0.1)
+        wait_for(
+            lambda: metric(server, "loraplex_requests_running") >= 1,
+            what="the streaming request counted as running",
+        )
+        assert metric(server, "loraplex_lora_slots_used") >= 1  # pirate's slot
+        assert metric(server, "loraplex_generation_tokens_total") > before
+        assert metric(server, "vllm:kv_cache_usage_perc") > 0
+    wait_for(  # closing the stream aborts it: the gauge falls back
+        lambda: metric(server, "loraplex_requests_running") == 0,
+        what="the closed stream no longer counted as running",
+    )
 
 
 def test_metrics_expose_engine_and_router_gauges(live_engine_server):
     greedy_chat(live_engine_server, "pirate")
-    text = httpx.get(f"{live_engine_server.url}/metrics").text
+    text = httpx.get(f"{live_engine_server.url}/metrics", timeout=60).text
     for name in (
         "loraplex_time_to_first_token_seconds_bucket",
         "loraplex_generation_tokens_total",

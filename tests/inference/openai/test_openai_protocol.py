@@ -2,24 +2,12 @@
 
 import pytest
 
-from inference.openai_protocol import (
-    MAX_CHOICES,
-    MAX_SEED,
-    ProtocolError,
-    load_json,
-    parse_chat_request,
-    parse_completion_request,
-)
-
-USER = [{"role": "user", "content": "Hi"}]
-
-
-def chat(**body):
-    return parse_chat_request({"model": "m", "messages": USER, **body})
+from inference.openai.protocol import MAX_CHOICES, MAX_SEED, ProtocolError, load_json
+from tests.inference.openai.bodies import parsed_chat, parsed_completion
 
 
 def test_chat_defaults_and_mapping():
-    request = chat(
+    request = parsed_chat(
         max_completion_tokens=5,
         temperature=0,
         stop="\n",
@@ -36,21 +24,18 @@ def test_chat_defaults_and_mapping():
 
 
 def test_chat_without_max_tokens_runs_to_the_context_end():
-    assert chat().max_tokens is None
+    assert parsed_chat().max_tokens is None
 
 
 def test_text_parts_and_developer_role_are_accepted():
-    request = parse_chat_request(
-        {
-            "model": "m",
-            "messages": [
-                {"role": "developer", "content": "Be brief."},
-                {
-                    "role": "user",
-                    "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
-                },
-            ],
-        }
+    request = parsed_chat(
+        messages=[
+            {"role": "developer", "content": "Be brief."},
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+            },
+        ]
     )
     assert request.messages == [
         {"role": "system", "content": "Be brief."},
@@ -59,7 +44,7 @@ def test_text_parts_and_developer_role_are_accepted():
 
 
 def test_neutral_values_of_unsupported_parameters_are_accepted():
-    chat(
+    parsed_chat(
         n=1,
         presence_penalty=0,
         frequency_penalty=0.0,
@@ -84,7 +69,7 @@ def test_neutral_values_of_unsupported_parameters_are_accepted():
             "messages[0].content",
             "invalid_request",
         ),
-        (  # a tool's answer needs the call it answers (tests/inference/test_tools_parsing.py)
+        (  # a tool's answer needs the call it answers (test_tools_parsing.py)
             {"messages": [{"role": "tool", "content": "x"}]},
             "messages[0].tool_call_id",
             "invalid_request",
@@ -111,22 +96,22 @@ def test_neutral_values_of_unsupported_parameters_are_accepted():
 )
 def test_bad_chat_requests_name_the_parameter(body, param, code):
     with pytest.raises(ProtocolError) as caught:
-        parse_chat_request({"model": "m", "messages": USER, **body})
+        parsed_chat(**body)
     assert caught.value.param == param and caught.value.code == code
     assert caught.value.message
 
 
 def test_completion_prompt_forms():
-    assert parse_completion_request({"model": "m", "prompt": "x"}).prompt == "x"
-    assert parse_completion_request({"model": "m", "prompt": ["x"]}).prompt == "x"
-    assert parse_completion_request({"model": "m", "prompt": [1, 2]}).prompt == [1, 2]
-    assert parse_completion_request({"model": "m", "prompt": "x"}).max_tokens == 16
+    assert parsed_completion(prompt="x").prompt == "x"
+    assert parsed_completion(prompt=["x"]).prompt == "x"
+    assert parsed_completion(prompt=[1, 2]).prompt == [1, 2]
+    assert parsed_completion(prompt="x").max_tokens == 16
 
 
 @pytest.mark.parametrize("prompt", ["", [], ["a", "b"], [1, -2], None, {"a": 1}])
 def test_bad_completion_prompts(prompt):
     with pytest.raises(ProtocolError) as caught:
-        parse_completion_request({"model": "m", "prompt": prompt})
+        parsed_completion(prompt=prompt)
     assert caught.value.param == "prompt"
 
 
@@ -142,7 +127,7 @@ def test_completion_refuses_echo_suffix_and_tools():
     )
     for name, value in refused:
         with pytest.raises(ProtocolError) as caught:
-            parse_completion_request({"model": "m", "prompt": "x", name: value})
+            parsed_completion(prompt="x", **{name: value})
         assert caught.value.param == name
 
 
@@ -156,11 +141,7 @@ def test_invalid_json_is_refused(raw):
 # ---------------------------------------------------------------- n and prompt_logprobs
 
 
-def text(**body):
-    return parse_completion_request({"model": "m", "prompt": "Hi", **body})
-
-
-@pytest.mark.parametrize("parse", [chat, text])
+@pytest.mark.parametrize("parse", [parsed_chat, parsed_completion])
 def test_n_choices_and_their_seeds(parse):
     assert parse().n == 1 and parse(n=None).n == 1
     request = parse(n=3, seed=7)
@@ -171,7 +152,7 @@ def test_n_choices_and_their_seeds(parse):
     assert parse(n=4, seed=MAX_SEED - 3).sampling_kwargs(3)["seed"] == MAX_SEED
 
 
-@pytest.mark.parametrize("parse", [chat, text])
+@pytest.mark.parametrize("parse", [parsed_chat, parsed_completion])
 @pytest.mark.parametrize("n", [0, -1, MAX_CHOICES + 1, "3", True, 2.5, [2], {}])
 def test_a_bad_n_is_refused_naming_it(parse, n):
     with pytest.raises(ProtocolError) as caught:
@@ -180,7 +161,7 @@ def test_a_bad_n_is_refused_naming_it(parse, n):
     assert f"from 1 to {MAX_CHOICES}" in caught.value.message
 
 
-@pytest.mark.parametrize("parse", [chat, text])
+@pytest.mark.parametrize("parse", [parsed_chat, parsed_completion])
 def test_a_seed_whose_last_choice_would_pass_the_largest_is_refused(parse):
     with pytest.raises(ProtocolError) as caught:
         parse(n=3, seed=MAX_SEED - 1)
@@ -189,7 +170,7 @@ def test_a_seed_whose_last_choice_would_pass_the_largest_is_refused(parse):
     assert parse(n=1, seed=MAX_SEED).seed == MAX_SEED
 
 
-@pytest.mark.parametrize("parse", [chat, text])
+@pytest.mark.parametrize("parse", [parsed_chat, parsed_completion])
 def test_prompt_logprobs_go_to_the_first_choice_only(parse):
     assert parse().prompt_logprobs is None
     request = parse(prompt_logprobs=2, n=3)
@@ -199,7 +180,7 @@ def test_prompt_logprobs_go_to_the_first_choice_only(parse):
     assert parse(prompt_logprobs=None, stream=True).prompt_logprobs is None
 
 
-@pytest.mark.parametrize("parse", [chat, text])
+@pytest.mark.parametrize("parse", [parsed_chat, parsed_completion])
 @pytest.mark.parametrize("value", [-1, 21, "1", True, 1.5, [1]])
 def test_a_bad_prompt_logprobs_is_refused_naming_it(parse, value):
     with pytest.raises(ProtocolError) as caught:
@@ -207,7 +188,7 @@ def test_a_bad_prompt_logprobs_is_refused_naming_it(parse, value):
     assert caught.value.param == "prompt_logprobs" and "from 0 to 20" in caught.value.message
 
 
-@pytest.mark.parametrize("parse", [chat, text])
+@pytest.mark.parametrize("parse", [parsed_chat, parsed_completion])
 @pytest.mark.parametrize("value", [0, 1])
 def test_prompt_logprobs_are_refused_in_a_stream_as_vllm_does(parse, value):
     with pytest.raises(ProtocolError) as caught:

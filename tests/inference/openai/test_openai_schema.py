@@ -1,6 +1,6 @@
-"""Our answers hold against OpenAI's own published schema (tests/inference/openai_schema/, its
-source named there): chat completions and their stream chunks, completions, the model list
-and one model, and every error, over HTTP against a live `manage.py serve`.
+"""Our answers hold against OpenAI's own published schema (schema.py, its source named in
+openai_schema/): chat completions and their stream chunks, completions, the model list and
+one model, and every error, over HTTP against a live `manage.py serve`.
 
 Before: chat messages and chat logprobs lacked the required `refusal`, most error bodies
 lacked `param` (required, null allowed), completions' `text_offset` was empty while `tokens`
@@ -9,54 +9,19 @@ health probe and Django's own refusals were HTML pages.
 """
 
 import json
-from functools import cache
-from pathlib import Path
 
-import httpx
 import pytest
-import yaml
-from jsonschema import Draft202012Validator  # type: ignore[import-untyped]
 
+from tests.clients import chat, http, sse_events
 from tests.inference.conftest import BASE_NAME
-from tests.inference.test_bodies import connect, head, read_answer
+from tests.inference.openai.schema import assert_fits, schema_problems
+from tests.raw_http import connect, head, read_answer
 
 pytestmark = pytest.mark.django_db  # the server reads rows committed by serve_data
-SCHEMA_FILE = Path(__file__).parent / "openai_schema" / "openai_components.yaml"
 QUESTION = [{"role": "user", "content": "Say something."}]
+# Short greedy answers of tenant A's, on the base model.
+GREEDY = {"model": BASE_NAME, "messages": QUESTION, "max_tokens": 6, "temperature": 0}
 REQUEST_LIMIT = 64 * 1024  # LORAPLEX_MAX_REQUEST_BYTES of the live server (conftest)
-
-
-def _json_schema(node):
-    """OpenAI's OpenAPI 3.1 document still marks some fields the 3.0 way, `nullable: true`,
-    which JSON Schema ignores: say it in JSON Schema's words (null, or the schema)."""
-    if isinstance(node, list):
-        return [_json_schema(item) for item in node]
-    if not isinstance(node, dict):
-        return node
-    node = {key: _json_schema(value) for key, value in node.items()}
-    if node.get("nullable") is True:
-        del node["nullable"]
-        return {"anyOf": [node, {"type": "null"}]}
-    return node
-
-
-@cache
-def _document() -> dict:
-    return _json_schema(yaml.safe_load(SCHEMA_FILE.read_text()))
-
-
-def schema_problems(name: str, instance) -> list[str]:
-    """Where `instance` breaks OpenAI's schema `name` (components/schemas), one line each."""
-    validator = Draft202012Validator({**_document(), "$ref": f"#/components/schemas/{name}"})
-    return [
-        f"{'/'.join(map(str, error.absolute_path)) or '(top)'}: {error.message}"
-        for error in sorted(validator.iter_errors(instance), key=str)
-    ]
-
-
-def assert_fits(name: str, instance) -> None:
-    problems = schema_problems(name, instance)
-    assert not problems, f"{name}:\n" + "\n".join(problems) + f"\n{json.dumps(instance)[:2000]}"
 
 
 def test_the_check_itself_catches_what_was_wrong():
@@ -71,27 +36,10 @@ def test_the_check_itself_catches_what_was_wrong():
     assert not schema_problems("CreateChatCompletionStreamResponse", {**chunk, "choices": [ok]})
 
 
-def v1(server, method: str, path: str, *, key=None, **kwargs) -> httpx.Response:
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
-    return httpx.request(
-        method, f"{server.url}{path}", headers=headers | kwargs.pop("headers", {}), **kwargs
-    )
-
-
-def chat(server, **fields) -> httpx.Response:
-    body = {"model": BASE_NAME, "messages": QUESTION, "max_tokens": 6, "temperature": 0, **fields}
-    return v1(server, "POST", "/v1/chat/completions", key=server.key_a, json=body, timeout=60)
-
-
-def sse_events(response: httpx.Response) -> list[dict]:
-    lines = [line for line in response.text.splitlines() if line.startswith("data: ")]
-    assert lines[-1] == "data: [DONE]"
-    return [json.loads(line.removeprefix("data: ")) for line in lines[:-1]]
-
-
 @pytest.mark.parametrize("logprobs", [{}, {"logprobs": True, "top_logprobs": 2}])
 def test_a_chat_completion_fits_openais_schema(live_engine_server, logprobs):
-    response = chat(live_engine_server, n=2, seed=7, **logprobs)
+    server = live_engine_server
+    response = chat(server, server.key_a, **GREEDY, n=2, seed=7, **logprobs)
     assert response.status_code == 200, response.text
     body = response.json()
     assert_fits("CreateChatCompletionResponse", body)
@@ -103,6 +51,8 @@ def test_a_chat_completion_fits_openais_schema(live_engine_server, logprobs):
 def test_every_chat_stream_chunk_fits_openais_schema(live_engine_server):
     response = chat(
         live_engine_server,
+        live_engine_server.key_a,
+        **GREEDY,
         stream=True,
         stream_options={"include_usage": True},
         logprobs=True,
@@ -119,7 +69,7 @@ def test_every_chat_stream_chunk_fits_openais_schema(live_engine_server):
 def test_a_completion_with_logprobs_fits_openais_schema_and_places_each_token(live_engine_server):
     body = {"model": "pirate", "prompt": "Once upon", "max_tokens": 8, "temperature": 0}
     body |= {"logprobs": 2, "ignore_eos": True}
-    whole = v1(
+    whole = http(
         live_engine_server, "POST", "/v1/completions", key=live_engine_server.key_a, json=body
     )
     assert whole.status_code == 200, whole.text
@@ -129,7 +79,7 @@ def test_a_completion_with_logprobs_fits_openais_schema_and_places_each_token(li
     assert len(offsets) == len(tokens) == 8  # before: text_offset was []
     assert offsets[0] == 0 and offsets == sorted(offsets)
     # a stream places each token where the whole answer does
-    streamed = v1(
+    streamed = http(
         live_engine_server,
         "POST",
         "/v1/completions",
@@ -142,12 +92,12 @@ def test_a_completion_with_logprobs_fits_openais_schema_and_places_each_token(li
 
 def test_the_model_list_and_each_model_fit_openais_schema(live_engine_server):
     server = live_engine_server
-    listed = v1(server, "GET", "/v1/models", key=server.key_a)
+    listed = http(server, "GET", "/v1/models", key=server.key_a)
     assert_fits("ListModelsResponse", listed.json())
     ids = [model["id"] for model in listed.json()["data"]]
     assert {BASE_NAME, "pirate", "pirate@production"} <= set(ids)
     for model in listed.json()["data"]:
-        one = v1(server, "GET", f"/v1/models/{model['id']}", key=server.key_a)
+        one = http(server, "GET", f"/v1/models/{model['id']}", key=server.key_a)
         assert one.status_code == 200, one.text
         assert_fits("Model", one.json())
         assert one.json() == model
@@ -158,7 +108,7 @@ def test_the_model_list_and_each_model_fit_openais_schema(live_engine_server):
 def test_a_model_the_tenant_cannot_use_is_a_json_404_like_a_missing_one(live_engine_server):
     server = live_engine_server
     answers = [
-        v1(server, "GET", f"/v1/models/{name}", key=server.key_b)
+        http(server, "GET", f"/v1/models/{name}", key=server.key_b)
         for name in ("pirate", "no-such-model")
     ]
     for answer in answers:
@@ -234,7 +184,7 @@ def test_every_error_is_json_in_openais_shape(
     live_engine_server, method, path, key, send, status, code, param
 ):
     server = live_engine_server
-    response = v1(server, method, path, key=server.key_a if key == "a" else key, **send)
+    response = http(server, method, path, key=server.key_a if key == "a" else key, **send)
     assert response.status_code == status, response.text
     assert response.headers["content-type"] == "application/json", response.text
     assert_fits("ErrorResponse", response.json())

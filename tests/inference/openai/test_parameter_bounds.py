@@ -8,7 +8,7 @@ import pytest
 
 from inference.engine import SamplingParams
 from inference.errors import InvalidJson
-from inference.openai_protocol import (
+from inference.openai.protocol import (
     MAX_SEED,
     ProtocolError,
     load_json,

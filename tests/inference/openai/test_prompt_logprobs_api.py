@@ -7,16 +7,14 @@ The first tests render engine outputs into response bodies; the live ones run th
 
 import math
 
-import httpx
 import openai
 import pytest
 
-from inference.engine import RequestOutput
-from inference.engine.outputs import TokenLogprob
+from inference.engine import RequestOutput, TokenLogprob
 from inference.engine.tokenizer import Tokenizer
-from inference.openai_responses import MIN_LOGPROB, CompletionBuilder
+from inference.openai.completion_builder import MIN_LOGPROB, CompletionBuilder
+from tests.clients import refusal
 from tests.inference.conftest import BASE_NAME
-from tests.inference.test_openai_api import metric
 
 # The server reads rows committed by the module's fixtures; tests change them only over HTTP.
 pytestmark = pytest.mark.django_db
@@ -162,18 +160,10 @@ def test_prompt_logprobs_zero_is_the_prompt_tokens_alone(live_engine_server):
     ],
 )
 def test_bad_prompt_logprobs_are_refused_naming_them(live_engine_server, extra, path):
-    before = metric(live_engine_server, "loraplex_prompt_tokens_total")
     body = {"model": BASE_NAME, "max_tokens": 2, **extra}
     body.update({"messages": QUESTION} if "chat" in path else {"prompt": PROMPT})
-    response = httpx.post(
-        f"{live_engine_server.url}{path}",
-        json=body,
-        headers={"Authorization": f"Bearer {live_engine_server.key_a}"},
-        timeout=60,
-    )
-    assert response.status_code == 400, response.text
-    assert response.json()["error"]["param"] == "prompt_logprobs"
-    assert metric(live_engine_server, "loraplex_prompt_tokens_total") == before
+    error = refusal(live_engine_server, path.removeprefix("/v1/"), body)
+    assert error["param"] == "prompt_logprobs"
 
 
 def test_the_openai_client_surfaces_the_refusal(live_engine_server):

@@ -7,14 +7,14 @@ tools sent to it are refused too (the last test).
 """
 
 import json
+from functools import partial
 
-import httpx
 import jsonschema  # type: ignore[import-untyped]
 import pytest
 
+from tests.clients import openai_chat, refusal
 from tests.engine.structured_output_schemas import ENUMS, NESTED, UNSUPPORTED
 from tests.inference.conftest import BASE_NAME
-from tests.inference.test_openai_api import metric
 
 pytestmark = pytest.mark.django_db
 QUESTION = [{"role": "user", "content": "Describe a person."}]
@@ -25,15 +25,14 @@ def json_schema(schema, name="answer"):
     return {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}}
 
 
-def chat(server, model=BASE_NAME, **kwargs):
-    return server.openai().chat.completions.create(
-        model=model, messages=QUESTION, temperature=1.0, seed=SEED, **{"max_tokens": 80, **kwargs}
-    )
+chat = partial(
+    openai_chat, model=BASE_NAME, messages=QUESTION, temperature=1.0, seed=SEED, max_tokens=80
+)
 
 
 @pytest.mark.parametrize("model", [BASE_NAME, "pirate"])
 def test_a_json_schema_answer_validates(live_engine_server, model):
-    reply = chat(live_engine_server, model, response_format=json_schema(NESTED), n=2)
+    reply = chat(live_engine_server, model=model, response_format=json_schema(NESTED), n=2)
     for choice in reply.choices:
         assert choice.finish_reason == "stop"
         jsonschema.validate(json.loads(choice.message.content), NESTED)
@@ -82,26 +81,6 @@ def test_response_format_text_changes_nothing(live_engine_server):
     plain = chat(live_engine_server, max_tokens=8)
     text = chat(live_engine_server, max_tokens=8, response_format={"type": "text"})
     assert text.choices[0].message.content == plain.choices[0].message.content
-
-
-def post(server, path: str, body: dict) -> httpx.Response:
-    return httpx.post(
-        f"{server.url}/v1/{path}",
-        json=body,
-        headers={"Authorization": f"Bearer {server.key_a}"},
-        timeout=60,
-    )
-
-
-def refusal(server, path: str, body: dict) -> dict:
-    """The error of a body answered 400, having reached nothing of the engine."""
-    before = metric(server, "loraplex_prompt_tokens_total")
-    response = post(server, path, body)
-    assert response.status_code == 400, response.text
-    assert metric(server, "loraplex_prompt_tokens_total") == before
-    error = response.json()["error"]
-    assert error["type"] == "invalid_request_error" and error["message"]
-    return error
 
 
 @pytest.mark.parametrize(

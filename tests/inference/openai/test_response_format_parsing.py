@@ -4,7 +4,7 @@ shape refused naming the field at fault."""
 import pytest
 
 from inference.errors import ProtocolError
-from inference.openai_protocol import parse_chat_request, parse_completion_request
+from tests.inference.openai.bodies import parsed_chat, parsed_completion
 
 SCHEMA = {
     "type": "object",
@@ -14,39 +14,23 @@ SCHEMA = {
 }
 
 
-def chat(response_format):
-    return parse_chat_request(
-        {
-            "model": "m",
-            "messages": [{"role": "user", "content": "Hi"}],
-            "response_format": response_format,
-        }
-    )
-
-
-def text(response_format):
-    return parse_completion_request(
-        {"model": "m", "prompt": "Hi", "response_format": response_format}
-    )
-
-
-@pytest.mark.parametrize("parse", [chat, text])
+@pytest.mark.parametrize("parse", [parsed_chat, parsed_completion])
 def test_text_and_null_change_nothing(parse):
-    assert parse({"type": "text"}).constraint is None
-    assert parse(None).constraint is None
+    assert parse(response_format={"type": "text"}).constraint is None
+    assert parse(response_format=None).constraint is None
 
 
-@pytest.mark.parametrize("parse", [chat, text])
+@pytest.mark.parametrize("parse", [parsed_chat, parsed_completion])
 def test_json_object_asks_for_any_object(parse):
-    constraint = parse({"type": "json_object"}).constraint
+    constraint = parse(response_format={"type": "json_object"}).constraint
     assert constraint.schema is None and constraint.param == "response_format"
 
 
-@pytest.mark.parametrize("parse", [chat, text])
+@pytest.mark.parametrize("parse", [parsed_chat, parsed_completion])
 @pytest.mark.parametrize("strict", [True, False, None])
 def test_json_schema_asks_for_its_schema(parse, strict):
     spec = {"name": "city-answer_1", "schema": SCHEMA, "strict": strict, "description": "A city."}
-    constraint = parse({"type": "json_schema", "json_schema": spec}).constraint
+    constraint = parse(response_format={"type": "json_schema", "json_schema": spec}).constraint
     assert constraint.schema == SCHEMA
     assert constraint.param == "response_format.json_schema.schema"
 
@@ -56,7 +40,7 @@ def schema_spec(**changes):
     return {"type": "json_schema", "json_schema": {k: v for k, v in spec.items() if v != "DROP"}}
 
 
-@pytest.mark.parametrize("parse", [chat, text])
+@pytest.mark.parametrize("parse", [parsed_chat, parsed_completion])
 @pytest.mark.parametrize(
     "value, param, words",
     [
@@ -95,6 +79,6 @@ def schema_spec(**changes):
 )
 def test_a_bad_response_format_is_refused_naming_the_field(parse, value, param, words):
     with pytest.raises(ProtocolError) as caught:
-        parse(value)
+        parse(response_format=value)
     assert caught.value.param == param and caught.value.code == "invalid_request"
     assert words in caught.value.message, caught.value.message

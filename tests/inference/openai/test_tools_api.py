@@ -8,14 +8,15 @@ check the path: tools in the prompt, plain content back.
 """
 
 import json
+from functools import partial
 
 import jsonschema  # type: ignore[import-untyped]
 import openai
 import pytest
 
+from tests.clients import http, openai_chat, refusal, sse_events
 from tests.inference.conftest import BASE_NAME
-from tests.inference.test_openai_schema import assert_fits, sse_events
-from tests.inference.test_response_format_api import post, refusal
+from tests.inference.openai.schema import assert_fits
 from tests.tiny_llama import TOOLS_CHATML_TEMPLATE
 
 pytestmark = pytest.mark.django_db
@@ -62,14 +63,9 @@ def serve_data(serve_data):
     return serve_data
 
 
-def chat(server, model=BASE_NAME, **kwargs):
-    return server.openai().chat.completions.create(
-        model=model,
-        messages=kwargs.pop("messages", QUESTION),
-        temperature=1.0,
-        seed=SEED,
-        **{"max_tokens": 64, **kwargs},
-    )
+chat = partial(
+    openai_chat, model=BASE_NAME, messages=QUESTION, temperature=1.0, seed=SEED, max_tokens=64
+)
 
 
 def assert_valid_calls(calls, names=("get_weather",)):
@@ -83,7 +79,7 @@ def assert_valid_calls(calls, names=("get_weather",)):
 
 @pytest.mark.parametrize("model", [BASE_NAME, "pirate"])
 def test_a_named_function_is_called_with_valid_arguments(live_engine_server, model):
-    reply = chat(live_engine_server, model, tools=TOOLS, tool_choice=FORCE_WEATHER, n=2)
+    reply = chat(live_engine_server, model=model, tools=TOOLS, tool_choice=FORCE_WEATHER, n=2)
     for choice in reply.choices:
         assert choice.finish_reason == "tool_calls"
         assert choice.message.content is None
@@ -222,10 +218,13 @@ def test_tool_call_answers_and_chunks_fit_openais_schema(live_engine_server, too
         "max_tokens": 120,
         "n": 2,
     }
-    whole = post(live_engine_server, "chat/completions", body)
+    server = live_engine_server
+    whole = http(server, "POST", "/v1/chat/completions", key=server.key_a, json=body)
     assert whole.status_code == 200, whole.text
     assert_fits("CreateChatCompletionResponse", whole.json())
-    streamed = post(live_engine_server, "chat/completions", {**body, "stream": True})
+    streamed = http(
+        server, "POST", "/v1/chat/completions", key=server.key_a, json={**body, "stream": True}
+    )
     for chunk in sse_events(streamed):
         assert_fits("CreateChatCompletionStreamResponse", chunk)
 

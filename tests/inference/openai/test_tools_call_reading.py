@@ -1,4 +1,4 @@
-"""Tool calls read out of a choice's text (inference/tool_calls.py) on crafted answers: the
+"""Tool calls read out of a choice's text (inference/openai/tool_calls/) on crafted answers: the
 random tiny model never writes a call by itself. Every answer is also fed one character at
 a time and in two pieces split everywhere: what the stream deltas add up to is always the
 message a whole answer gives, and no content is lost or invented."""
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from inference.tool_calls import (
+from inference.openai.tool_calls import (
     AutoCallsReader,
     CallReader,
     ForcedFunctionReader,
@@ -114,7 +114,8 @@ CALL2 = '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
             [("get_weather", {"city": "Oslo"})],
         ),
         (
-            ' [{"name": "get_time", "parameters": {}}, {"name": "get_weather", "arguments": {"city": "Rome"}}]',
+            ' [{"name": "get_time", "parameters": {}},'
+            ' {"name": "get_weather", "arguments": {"city": "Rome"}}]',
             None,
             [("get_time", {}), ("get_weather", {"city": "Rome"})],
         ),

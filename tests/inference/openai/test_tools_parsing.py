@@ -10,7 +10,8 @@ import pytest
 
 from inference.engine.tokenizer import Tokenizer, TokenizerError
 from inference.errors import ProtocolError
-from inference.openai_protocol import parse_chat_messages, parse_chat_request
+from inference.openai.protocol import parse_chat_messages
+from tests.inference.openai.bodies import parsed_chat
 from tests.tiny_llama import CHATML_TEMPLATE, TOOLS_CHATML_TEMPLATE, build_tokenizer
 
 USER = [{"role": "user", "content": "Weather in Paris?"}]
@@ -29,13 +30,9 @@ WEATHER = {
 TIME = {"type": "function", "function": {"name": "get_time"}}  # no parameters
 
 
-def chat(**body):
-    return parse_chat_request({"model": "m", "messages": USER, **body})
-
-
 def refused(**body) -> ProtocolError:
     with pytest.raises(ProtocolError) as caught:
-        chat(**body)
+        parsed_chat(**body)
     assert caught.value.status == 400 and caught.value.message
     return caught.value
 
@@ -44,12 +41,13 @@ def refused(**body) -> ProtocolError:
 
 
 def test_tools_default_to_auto_and_reach_the_template_as_given():
-    use = chat(tools=[WEATHER, TIME]).tool_use
+    use = parsed_chat(tools=[WEATHER, TIME]).tool_use
     assert use.mode == "auto" and use.names == ("get_weather", "get_time")
     assert use.template_tools()[0] == WEATHER
     # a function without parameters takes none
     assert use.template_tools()[1]["function"]["parameters"] == {"type": "object", "properties": {}}
-    assert chat(tools=[WEATHER]).constraint is None  # auto: the model chooses, nothing forced
+    # auto: the model chooses, nothing forced
+    assert parsed_chat(tools=[WEATHER]).constraint is None
 
 
 @pytest.mark.parametrize(
@@ -64,12 +62,12 @@ def test_tools_default_to_auto_and_reach_the_template_as_given():
     ],
 )
 def test_without_tools_or_with_tool_choice_none_the_answer_is_plain_content(body):
-    request = chat(**body)
+    request = parsed_chat(**body)
     assert request.tool_use is None and request.constraint is None
 
 
 def test_a_named_function_holds_the_answer_to_its_parameters():
-    request = chat(
+    request = parsed_chat(
         tools=[TIME, WEATHER], tool_choice={"type": "function", "function": {"name": "get_weather"}}
     )
     assert request.tool_use.mode == "function" and request.tool_use.function == "get_weather"
@@ -79,7 +77,9 @@ def test_a_named_function_holds_the_answer_to_its_parameters():
 
 @pytest.mark.parametrize("parallel, most", [(None, None), (True, None), (False, 1)])
 def test_required_holds_the_answer_to_a_list_of_calls_of_the_tools(parallel, most):
-    request = chat(tools=[WEATHER, TIME], tool_choice="required", parallel_tool_calls=parallel)
+    request = parsed_chat(
+        tools=[WEATHER, TIME], tool_choice="required", parallel_tool_calls=parallel
+    )
     schema = request.constraint.schema
     assert request.constraint.param == "tools" and schema.get("maxItems") == most
     validator = jsonschema.Draft202012Validator(schema)
@@ -166,7 +166,9 @@ def test_a_bad_tools_request_is_refused_naming_the_field(body, param, words):
 
 
 def test_response_format_goes_with_tool_choice_none():
-    request = chat(tools=[WEATHER], tool_choice="none", response_format={"type": "json_object"})
+    request = parsed_chat(
+        tools=[WEATHER], tool_choice="none", response_format={"type": "json_object"}
+    )
     assert request.tool_use is None and request.constraint.schema is None
 
 
@@ -185,7 +187,7 @@ TURN: list[dict[str, Any]] = [
 
 
 def test_a_tool_round_trip_reaches_the_template_in_hugging_faces_shape():
-    messages = chat(messages=TURN).messages
+    messages = parsed_chat(messages=TURN).messages
     assert messages[1] == {
         "role": "assistant",
         "content": "",
@@ -209,7 +211,7 @@ def test_several_calls_are_answered_in_any_order():
         {"role": "tool", "tool_call_id": "call_1", "content": ""},
         {"role": "user", "content": "Thanks."},
     ]
-    parsed = chat(messages=messages).messages
+    parsed = parsed_chat(messages=messages).messages
     assert [m["role"] for m in parsed] == ["user", "assistant", "tool", "tool", "user"]
     assert parsed[1]["content"] == "Checking." and parsed[2]["content"] == "b"
 
@@ -282,7 +284,7 @@ def tokenizer(tmp_path, template: str | None) -> Tokenizer:
 
 def test_a_template_that_reads_tools_shows_them_and_the_calls(tmp_path):
     tok = tokenizer(tmp_path, TOOLS_CHATML_TEMPLATE)
-    request = chat(messages=TURN, tools=[WEATHER])
+    request = parsed_chat(messages=TURN, tools=[WEATHER])
     prompt = tok.apply_chat_template(request.messages, tools=request.tool_use.template_tools())
     assert tok.supports_tools
     assert "<tools> get_weather </tools>" in prompt

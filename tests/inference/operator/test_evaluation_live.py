@@ -14,7 +14,7 @@ import math
 import httpx
 import pytest
 
-from inference import operator_protocol as protocol
+from platform_site import operator_protocol as protocol
 from tests.inference.conftest import start_server, stop_server
 from tests.registry.conftest import run_evaluations
 from tests.tiny_llama import make_tiny_llama
@@ -210,7 +210,8 @@ def test_a_real_worker_validates_then_evaluates_an_upload_on_the_engine(
     from rest_framework.test import APIClient
 
     from registry.models import AdapterVersion
-    from tests.registry.conftest import files_of, wait_for
+    from tests.registry.conftest import files_of
+    from tests.waiting import wait_for
 
     api = APIClient()
     api.credentials(HTTP_AUTHORIZATION=f"Bearer {gate['key']}")
@@ -221,7 +222,6 @@ def test_a_real_worker_validates_then_evaluates_an_upload_on_the_engine(
     assert response.status_code == 202, response.content
     version = wait_for(
         lambda: AdapterVersion.objects.filter(quality__in=["passed", "degraded", "failed"]).first(),
-        timeout=90,
         what="the worker's evaluation",
     )
     evaluation = version.evaluations.get()

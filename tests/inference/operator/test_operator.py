@@ -10,11 +10,11 @@ from django.contrib.auth.models import Permission
 from django.test import Client
 from django.urls import Resolver404, resolve
 
-from inference import operator_protocol as protocol
-from inference import views
-from inference.engine_host import HOST
 from inference.errors import ModelNotFound, ProtocolError
-from inference.operator import resolve_operator_name
+from inference.host.engine_host import HOST
+from inference.host.lora_loading import resolve_operator_name
+from inference.operator import views
+from platform_site import operator_protocol as protocol
 
 pytestmark = pytest.mark.django_db
 TOKEN = "operator-secret"
@@ -42,7 +42,7 @@ def test_each_protocol_action_has_its_own_view():
         protocol.UNLOAD: views.unload_lora_adapter,
         protocol.PIN: views.pin_lora_adapter,
         protocol.UNPIN: views.unpin_lora_adapter,
-        protocol.LIST: views.lora_adapters,
+        protocol.LIST: views.lora_adapters_list,
     }
     for action, view in routes.items():
         assert resolve(protocol.path(action)).func is view, action

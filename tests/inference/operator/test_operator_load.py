@@ -3,7 +3,8 @@
 the next version of `<tenant>/<adapter>` through the upload's validation and quality gate,
 then loads and pins it; `LORAPLEX_LORA_MODULES` does the same at start-up.
 
-The server reads and writes the test database (committed rows); the test reads them back.
+The server reads and writes the test database (committed rows); the test reads them back
+on a connection of its own (`committed`): its own transaction would not see them on SQLite.
 serve_data's teardown deletes every adapter registered here with tenant serve-a.
 """
 
@@ -14,8 +15,9 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
-from inference import operator_protocol as protocol
+from platform_site import operator_protocol as protocol
 from tests.inference.conftest import start_server, stop_server
+from tests.processes import committed
 from tests.registry.conftest import moto_endpoint  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.django_db
@@ -119,14 +121,16 @@ def listed(server) -> dict[str, dict]:
 
 
 def versions_of(name: str) -> list:
+    """The versions of `<tenant>/<adapter>` the server has committed, by number."""
     from registry.models import AdapterVersion
 
     tenant, adapter = name.split("/")
-    return list(
+    versions = (
         AdapterVersion.objects.filter(adapter__tenant__slug=tenant, adapter__name=adapter)
         .select_related("adapter")
         .order_by("number")
     )
+    return committed(lambda: list(versions))
 
 
 def error_of(response: httpx.Response) -> dict:
@@ -264,7 +268,7 @@ def test_sources_and_names_that_do_not_resolve_register_nothing(
 ):
     from registry.models import AdapterVersion
 
-    before = AdapterVersion.objects.count()
+    before = committed(AdapterVersion.objects.count)
     body = {"lora_path": str(sources.good), **body}
     body["lora_path"] = body["lora_path"].format(
         bucket=sources.bucket, no_weights=sources.no_weights
@@ -272,7 +276,7 @@ def test_sources_and_names_that_do_not_resolve_register_nothing(
     response = load(server, body)
     assert response.status_code == status, response.text
     assert error_of(response)["code"] == code and error_of(response)["param"] == param
-    assert AdapterVersion.objects.count() == before
+    assert committed(AdapterVersion.objects.count) == before
     assert versions_of("serve-a/nowbot") == []
 
 

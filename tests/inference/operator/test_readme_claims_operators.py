@@ -9,7 +9,7 @@ import re
 import httpx
 import pytest
 
-from inference import operator_protocol as protocol
+from platform_site import operator_protocol as protocol
 from tests.inference.conftest import BASE_NAME, start_server, stop_server
 from tests.peft_adapters import make_peft_adapter
 

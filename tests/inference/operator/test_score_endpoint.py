@@ -1,4 +1,4 @@
-"""The quality gate's scoring endpoint, `POST /v1/internal/score` (inference/scoring_api.py),
+"""The quality gate's scoring endpoint, `POST /v1/internal/score` (inference/operator/scoring.py),
 and the control plane's client of it (registry/engines.py `score_on_engine`).
 
 - In process, without an engine (LORAPLEX_ENGINE=off): routing, operator authorisation and
@@ -17,7 +17,6 @@ import threading
 import time
 import uuid
 import warnings
-from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -28,13 +27,14 @@ from django.urls import resolve
 from peft import PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from inference import operator_protocol as protocol
-from inference import scoring_api
 from inference.engine import AsyncLLMEngine, EngineRequest, SamplingParams
+from inference.operator import scoring
+from inference.operator import views as operator_views
+from platform_site import operator_protocol as protocol
 from registry import engines
+from tests.clients import metric
 from tests.engine.lora_fixtures import lora_engine, request_for
 from tests.inference.conftest import BASE_NAME, start_server, stop_server
-from tests.inference.test_openai_api import metric
 from tests.processes import free_port
 
 # The live server reads rows committed by serve_data (tests/inference/conftest.py).
@@ -66,7 +66,7 @@ def post(body, token: str | None = TOKEN, raw: bytes | None = None):
 
 def test_the_route_is_the_scoring_view():
     assert PATH == "/v1/internal/score"
-    assert resolve(PATH).func is scoring_api.score
+    assert resolve(PATH).func is operator_views.score
 
 
 def test_it_needs_the_operator_token(no_engine):
@@ -158,7 +158,7 @@ def test_a_bad_body_is_a_400_naming_the_field(no_engine, body, code, param, word
 
 
 def test_rows_are_bounded_by_eval_max_rows(no_engine, settings):
-    too_many = {"adapter_version": None, "rows": [TEXT_ROW] * (scoring_api.DEFAULT_MAX_ROWS + 1)}
+    too_many = {"adapter_version": None, "rows": [TEXT_ROW] * (scoring.DEFAULT_MAX_ROWS + 1)}
     response = post(too_many)
     assert response.status_code == 400 and response.json()["error"]["param"] == "rows"
     assert "at most 200" in response.json()["error"]["message"]
@@ -285,8 +285,7 @@ def test_the_figures_equal_transformers_and_peft(score_server, versions, referen
 
 
 def test_refusals_reach_nothing_of_the_engine(score_server, versions):
-    server = SimpleNamespace(url=score_server)
-    before = metric(server, "loraplex_prompt_tokens_total")
+    before = metric(score_server, "loraplex_prompt_tokens_total")
     text = {"adapter_version": None, "rows": [TEXT_ROW]}
     missing = call(score_server, text, token=None)
     assert missing.status_code == 401 and missing.json()["error"]["code"] == "missing_api_key"
@@ -325,7 +324,7 @@ def test_refusals_reach_nothing_of_the_engine(score_server, versions):
         assert response.status_code == status, response.text
         error = response.json()["error"]
         assert (error["code"], error.get("param")) == (code, param) and words in error["message"]
-    assert metric(server, "loraplex_prompt_tokens_total") == before  # the engine ran nothing
+    assert metric(score_server, "loraplex_prompt_tokens_total") == before  # the engine ran nothing
 
 
 def test_the_client_scores_on_the_first_engine_that_answers(score_server, versions, settings):
@@ -418,7 +417,7 @@ def test_scoring_never_delays_a_tenant_stream_by_more_than_one_step(serve_data, 
     llm.step = recorded_step  # type: ignore[method-assign]
     lora = request_for("pirate", serve_data["adapter_dir"])
     rows = [
-        scoring_api.TokenizedRow(
+        scoring.TokenizedRow(
             [3 + (i * 37 + j) % 300 for j in range(40)], [5 + (i + j) % 200 for j in range(20)]
         )
         for i in range(16)
@@ -446,12 +445,12 @@ def test_scoring_never_delays_a_tenant_stream_by_more_than_one_step(serve_data, 
                 stream = asyncio.ensure_future(tenant_stream(engine))
                 while not any("tenant" in s["tokens"] for s in steps):
                     await asyncio.sleep(0.002)
-                scores = await scoring_api.score_rows(engine, rows, lora)
+                scores = await scoring.score_rows(engine, rows, lora)
                 return await stream, scores
-            scoring = asyncio.ensure_future(scoring_api.score_rows(engine, rows, lora))
+            running = asyncio.ensure_future(scoring.score_rows(engine, rows, lora))
             await scoring_is_running()
             tokens = await tenant_stream(engine)
-            return tokens, await scoring
+            return tokens, await running
         finally:
             engine.shutdown()
 
