@@ -9,13 +9,12 @@ local disk before either run, so every load in both runs is the same disk -> hos
 same seeded Zipf sequence of requests over the adapters (popularity shuffled, unrelated to
 the names' hashes) goes through the shipped docker/haproxy.cfg twice, each time to two fresh
 replicas, from --clients concurrent streaming clients: once with its consistent hashing of
-`model` (bounded loads), once with `balance roundrobin`. Each replica holds --max-loras
-adapters in device slots and --max-cpu-loras in host memory (LRU), so a replica that sees
-every adapter keeps reloading them, and half the CPU cores (OMP_NUM_THREADS). Reported per
-policy: adapter loads summed over both replicas' /metrics, and TTFT p50/p99 (to the first
-chunk with content). Goal: affinity at
-most 0.6 of round robin's loads, and a lower p99. The last line printed is one JSON object
-of the figures.
+the caller's key prefix and the adapter (bounded loads), once with `balance roundrobin`.
+Each replica holds --max-loras adapters in device slots and --max-cpu-loras in host memory
+(LRU), so a replica that sees every adapter keeps reloading them, and half the CPU cores
+(OMP_NUM_THREADS). Reported per policy: adapter loads summed over both replicas' /metrics,
+and TTFT p50/p99 (to the first chunk with content). Goal: affinity at most 0.6 of round
+robin's loads, and a lower p99. The last line printed is one JSON object of the figures.
 """
 
 from __future__ import annotations

@@ -13,6 +13,8 @@ from django.conf import settings
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
+from registry.staged_copies import restage_counts
+
 REGISTRY = CollectorRegistry(auto_describe=True)
 
 HTTP_REQUESTS = Counter(
@@ -27,6 +29,27 @@ RATELIMIT_BACKEND_ERRORS = Counter(
     "Rate-limit operations the shared cache (Redis) failed; the request was served unlimited.",
     registry=REGISTRY,
 )
+
+
+class RestageCollector:
+    """Staged adapter copies this process found damaged on disk and fetched again from object
+    storage (registry/staged_copies.py counts them), by how the damage was found."""
+
+    def collect(self):
+        family = CounterMetricFamily(
+            "loraplex_adapter_restages",
+            "Staged adapter copies found damaged on this host's disk and fetched again from "
+            "object storage, by how: size (a file of another size), modified (written since "
+            "it was verified, its sha256 no longer the recorded one), load_failed (the engine "
+            "could not load it, and its sha256 is not the recorded one).",
+            labels=["reason"],
+        )
+        for reason, count in restage_counts().items():
+            family.add_metric([reason], count)
+        yield family
+
+
+REGISTRY.register(RestageCollector())
 
 _HISTOGRAMS = {
     "time_to_first_token": ("loraplex_time_to_first_token_seconds", "Arrival to first token."),

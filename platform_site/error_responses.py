@@ -11,6 +11,7 @@ never a 500.
 """
 
 import logging
+import traceback
 import uuid
 
 from django.core.exceptions import BadRequest, RequestDataTooBig, SuspiciousOperation
@@ -110,8 +111,26 @@ def _first_problem(detail) -> tuple[str, str | None]:
 
 def _internal_error(exc: BaseException) -> errors.ApiError:
     error_id = uuid.uuid4().hex
-    logger.error("internal error %s", error_id, exc_info=exc)
+    logger.error("internal error %s\n%s", error_id, bounded_traceback(exc))
     return errors.InternalError(f"The server failed to answer (error id {error_id}).")
+
+
+LOGGED_LINE_CHARS = 500  # an exception's message can quote a request body or a grammar whole
+LOGGED_TRACEBACK_CHARS = 8000
+
+
+def bounded_traceback(exc: BaseException) -> str:
+    """The traceback, each line and the whole cut short: a few KB per failure, whatever the
+    exception quotes."""
+    lines = traceback.format_exception(exc)
+    text = "".join(
+        line if len(line) <= LOGGED_LINE_CHARS else line[:LOGGED_LINE_CHARS] + "...[cut]\n"
+        for line in lines
+    )
+    if len(text) <= LOGGED_TRACEBACK_CHARS:
+        return text.rstrip()
+    half = LOGGED_TRACEBACK_CHARS // 2
+    return f"{text[:half]}\n...[{len(text) - 2 * half} characters cut]...\n{text[-half:]}".rstrip()
 
 
 def error_body(error: errors.ApiError) -> dict:

@@ -169,6 +169,11 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         "store_processed": False,
         "polling_interval": 0.1,
     }
+    # kombu's filesystem transport with its messages written whole: filesystem_broker.py.
+    # (By the URL's scheme: CELERY_BROKER_TRANSPORT would also override other brokers' URLs.)
+    from kombu.transport import TRANSPORT_ALIASES
+
+    TRANSPORT_ALIASES["filesystem"] = "platform_site.filesystem_broker:Transport"
     _default_result_backend = f"file://{BROKER_DIR / 'results'}"
 else:
     _default_result_backend = CELERY_BROKER_URL if CELERY_BROKER_URL.startswith("redis") else ""
@@ -198,11 +203,19 @@ EVAL_MAX_BYTES = env.int("LORAPLEX_EVAL_MAX_BYTES", default=1024 * 1024)
 # most this factor of the base model's perplexity alone on the same rows.
 EVAL_MAX_PPL_RATIO = env.float("LORAPLEX_EVAL_MAX_PPL_RATIO", default=1.10)
 EVAL_MAX_BASE_RATIO = env.float("LORAPLEX_EVAL_MAX_BASE_RATIO", default=None)
+# An evaluation waits this long for an engine serving its revision (and for object storage),
+# trying again at most EVAL_RETRY_MAX_SECONDS apart, before it fails: a base upgrade restarts
+# every engine, and loading the largest supported base (70B) takes minutes.
+EVAL_WAIT_SECONDS = env.float("LORAPLEX_EVAL_WAIT_SECONDS", default=1800.0)
+EVAL_RETRY_MAX_SECONDS = env.float("LORAPLEX_EVAL_RETRY_MAX_SECONDS", default=60.0)
 MODELS_DIR = Path(env.str("LORAPLEX_MODELS_DIR", default=str(VAR_DIR / "models")))
 ADAPTER_CACHE_DIR = Path(
     env.str("LORAPLEX_ADAPTER_CACHE_DIR", default=str(VAR_DIR / "adapter-cache"))
 )
 ADAPTER_CACHE_BYTES = env.int("LORAPLEX_ADAPTER_CACHE_BYTES", default=4 * 1024**3)
+# Of that, what an engine replica's prefetcher may hold in promoted versions not served yet
+# (inference/host/prefetch.py); 0: no prefetching.
+PREFETCH_BYTES = env.int("LORAPLEX_PREFETCH_BYTES", default=ADAPTER_CACHE_BYTES // 4)
 S3_IMPORT_BUCKETS = env.list("LORAPLEX_S3_IMPORT_BUCKETS", default=[])
 S3_IMPORT_ENDPOINT_URL = (
     env.str("LORAPLEX_S3_IMPORT_ENDPOINT_URL", default="")
@@ -308,6 +321,8 @@ ENGINE_OPTIONS = {
     "max_model_len": env.int("LORAPLEX_MAX_MODEL_LEN", default=None),
     "max_num_seqs": env.int("LORAPLEX_MAX_NUM_SEQS", default=64),
     "max_num_batched_tokens": env.int("LORAPLEX_MAX_NUM_BATCHED_TOKENS", default=None),
+    # the quality gate's scoring: at most this many tokens a step, never beside decodes alone
+    "background_tokens_per_step": env.int("LORAPLEX_BACKGROUND_TOKENS_PER_STEP", default=None),
     "kv_cache_bytes": env.int("LORAPLEX_KV_CACHE_BYTES", default=None),
     "max_loras": env.int("LORAPLEX_MAX_LORAS", default=8),
     "max_cpu_loras": env.int("LORAPLEX_MAX_CPU_LORAS", default=32),
@@ -342,6 +357,23 @@ TENANT_MAX_CONCURRENCY = env.int(
     "LORAPLEX_TENANT_MAX_CONCURRENCY", default=32
 )  # per process; 0 = off
 MAX_REQUEST_BYTES = env.int("LORAPLEX_MAX_REQUEST_BYTES", default=1024 * 1024)
+# A response's logprob entries (prompt and generated, every choice), known before generation:
+# more is a 400 naming the parameter to lower. About 75 bytes of JSON each.
+MAX_LOGPROB_ENTRIES = env.int("LORAPLEX_MAX_LOGPROB_ENTRIES", default=200_000)
+# The JSON schemas a request carries (response_format, tools' parameters), together: bounds
+# checked in one linear pass before the meta-schema check and the grammar compile, whose cost
+# grows faster (inference/openai/schema_limits.py).
+SCHEMA_LIMITS = {
+    "max_bytes": env.int("LORAPLEX_SCHEMA_MAX_BYTES", default=64 * 1024),
+    "max_depth": env.int("LORAPLEX_SCHEMA_MAX_DEPTH", default=64),
+    "max_properties": env.int("LORAPLEX_SCHEMA_MAX_PROPERTIES", default=1000),
+    "max_enum_values": env.int("LORAPLEX_SCHEMA_MAX_ENUM_VALUES", default=1000),
+    "max_structured_enum_values": env.int(
+        "LORAPLEX_SCHEMA_MAX_STRUCTURED_ENUM_VALUES", default=128
+    ),
+    "max_branches": env.int("LORAPLEX_SCHEMA_MAX_BRANCHES", default=256),
+    "max_repeat": env.int("LORAPLEX_SCHEMA_MAX_REPEAT", default=1000),
+}
 # Bodies are bounded before Django reads them (platform_site/body_limits.py): every route
 # but the adapter upload takes MAX_REQUEST_BYTES, and Django's own check agrees with it.
 DATA_UPLOAD_MAX_MEMORY_SIZE = MAX_REQUEST_BYTES

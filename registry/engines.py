@@ -129,16 +129,26 @@ def set_pinned(lora_name: str, *, pinned: bool) -> list[PinResult]:
     return results
 
 
-# Answers that another engine would give too: the request (or the credentials) is wrong.
-_REFUSALS = frozenset({400, 401, 403, 404, 405, 413})
+# 4xx answers that mean "not here, not now", not "never": a timeout, another revision or base
+# model served (model_not_servable), too early, too busy.
+_NOT_YET_4XX = frozenset({408, 409, 425, 429})
 _WRAPPER_BYTES = 1024  # a scoring body's bytes besides its rows
+
+
+def is_refusal(failure: EngineCallFailed) -> bool:
+    """Whether an engine refused the request itself: a row it cannot score, a version it does
+    not know, the credentials. Every engine, now or later, would answer the same. Anything else
+    is "not yet": no answer (restarting, refusing connections, timed out), a 5xx (503 while
+    starting or draining), another revision or base model served (409), too busy (429)."""
+    status = failure.status
+    return status is not None and 400 <= status < 500 and status not in _NOT_YET_4XX
 
 
 class ScoringFailed(Exception):
     """No engine scored the rows. `retryable` is False when an engine refused the request itself
-    (a bad row, an unknown version, the credentials): trying again would get the same answer.
-    Otherwise every engine was unreachable, timed out or could not serve it now (restarting,
-    not yet on the version's base revision); `failures` says what each one answered."""
+    (`is_refusal`): trying again would get the same answer. Otherwise no engine could score it
+    yet (unreachable, restarting, not yet on the version's base revision): waiting may help;
+    `failures` says what each one answered."""
 
     def __init__(self, message: str, failures: list[EngineCallFailed], *, retryable: bool):
         detail = "; ".join(str(f) for f in failures)
@@ -193,11 +203,11 @@ def _batches(rows: list[dict]) -> list[list[dict]]:
 def _score_batch(uid: str | None, rows: list[dict], timeout: float) -> dict:
     body = {protocol.ADAPTER_VERSION: uid, protocol.ROWS: rows}
     failures = []
-    for engine in engine_urls() or [EMBEDDED_ENGINE_URL]:
+    for engine in _scoring_engines():
         try:
             raw = _call(engine, "POST", protocol.path(protocol.SCORE), body, timeout=timeout)
         except EngineCallFailed as exc:
-            if exc.status in _REFUSALS:
+            if is_refusal(exc):
                 refused = ScoringFailed("the engine refused the eval set", [exc], retryable=False)
                 raise refused from None
             failures.append(exc)
@@ -210,6 +220,19 @@ def _score_batch(uid: str | None, rows: list[dict], timeout: float) -> dict:
             return answer
         failures.append(EngineCallFailed(engine, "the answer is not the expected JSON object"))
     raise ScoringFailed("no engine scored the eval set", failures, retryable=True)
+
+
+def _scoring_engines() -> list[str]:
+    """The engines to try. The embedded default only when none is configured: a `dns+` name
+    that resolves to nothing means every replica is down (restarting), not "try localhost"."""
+    if not settings.ENGINE_URLS:
+        return [EMBEDDED_ENGINE_URL]
+    urls = engine_urls()
+    if not urls:
+        raise ScoringFailed(
+            "no engine is up: LORAPLEX_ENGINE_URLS resolves to no address", [], retryable=True
+        )
+    return urls
 
 
 def _merged(answers: list[dict]) -> dict:

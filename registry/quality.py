@@ -99,6 +99,6 @@ def why_not_passed(version, base_revision: str) -> str | None:
     where = f"on revision {short_revision(base_revision)}"
     if version.quality_revision != base_revision or quality == version.Quality.UNEVALUATED:
         return f"not evaluated {where} yet"
-    if quality == version.Quality.PENDING:
-        return f"evaluation pending {where}"
+    if quality == version.Quality.PENDING:  # its detail says what it waits for, if it does
+        return version.quality_detail or f"evaluation pending {where}"
     return version.quality_detail or f"evaluation {quality} {where}"

@@ -1,11 +1,14 @@
 """Celery tasks: thin, take ids, call a service. Idempotent, acknowledged late (a worker that
 dies mid-task leaves the message to be redelivered, and the sweep catches what is still lost),
-retried with exponential backoff when object storage or the database fails (evaluations: also
-the engine). Any other exception ends the version rejected (an evaluation failed) with an
-error id, never stuck in `validating` (or `running`)."""
+retried with exponential backoff when object storage or the database fails. Evaluations wait
+by the clock instead (`Wait`): an engine restarting on new weights comes back by itself, in
+minutes. Any other exception ends the version rejected (an evaluation failed) with an error
+id, never stuck in `validating` (or `running`)."""
 
 import logging
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import NoReturn
 
 from celery import shared_task
@@ -22,8 +25,8 @@ from .services.evaluations import (
     evaluation_crash,
     evaluation_fail,
     evaluation_give_up,
-    evaluation_retrying,
     evaluation_run,
+    evaluation_waiting,
     evaluations_sweep_stuck,
 )
 from .services.versions import (
@@ -45,15 +48,50 @@ TASK_OPTIONS = {
 }
 
 
-def backoff(retries: int) -> float:
+MIN_PAUSE_SECONDS = 0.1  # a zero backoff must not spin a worker against a dead engine
+WAITING_SINCE = "waiting_since"  # the task's keyword: when its wait began (epoch seconds)
+
+
+def backoff(retries: int, cap: float | None = None) -> float:
     """Seconds before retry number `retries + 1`: base * 2^retries, capped."""
-    return min(settings.TASK_RETRY_BACKOFF_SECONDS * 2**retries, settings.TASK_RETRY_BACKOFF_MAX)
+    cap = settings.TASK_RETRY_BACKOFF_MAX if cap is None else cap
+    return min(settings.TASK_RETRY_BACKOFF_SECONDS * 2 ** min(retries, 32), cap)
 
 
-def retry_later(task, exc: Exception, countdown: float | None = None) -> NoReturn:
-    """Hand the message back to run again after the backoff (re-raises `exc` once spent)."""
+@dataclass(frozen=True)
+class Wait:
+    """Retry transient errors for `seconds` since the first one, by the clock, not a count:
+    what they wait for (an engine loading a 70B checkpoint) comes back by itself, however
+    many tries it takes. Pauses grow as `backoff`, at most `longest` s, so a ready engine is
+    used soon. The start travels in the task's message (`WAITING_SINCE`)."""
+
+    seconds: float
+    longest: float
+
+    def pause(self, retries: int, left: float) -> float:
+        return max(min(backoff(retries, cap=self.longest), left), MIN_PAUSE_SECONDS)
+
+    def tries(self) -> int:
+        """The most tries one delivery makes: pauses alone, summed, reach `seconds`."""
+        tries, waited = 1, 0.0
+        while waited < self.seconds:
+            waited += self.pause(tries - 1, self.seconds - waited)
+            tries += 1
+        return tries
+
+
+def evaluation_wait() -> Wait:
+    """How long an evaluation waits for an engine serving its revision (or for storage)."""
+    return Wait(seconds=settings.EVAL_WAIT_SECONDS, longest=settings.EVAL_RETRY_MAX_SECONDS)
+
+
+def retry_later(
+    task, exc: Exception, countdown: float | None = None, *, kwargs: dict | None = None
+) -> NoReturn:
+    """Hand the message back to run again after the backoff (re-raises `exc` once spent);
+    `kwargs` replace the task's keyword arguments in it."""
     wait = backoff(task.request.retries) if countdown is None else countdown
-    raise task.retry(exc=exc, countdown=wait) from None
+    raise task.retry(exc=exc, countdown=wait, kwargs=kwargs) from None
 
 
 def run_retrying(
@@ -67,26 +105,21 @@ def run_retrying(
     fail: Callable[[str], object],
     crash: Callable[[Exception], object],
     retrying: Callable[[str, int, float], object] | None = None,
+    wait: Wait | None = None,
 ) -> str:
     """Run a task's `work()` (a service returning a row, or None: nothing to do) under the
     registry's policy, and answer the row's status, or `ended` when a handler ended it.
 
     `transient` errors are retried with backoff (`retrying(why, attempt, countdown)` told
-    first) until the retries are spent, then `give_up(why, attempts)`; the database failing
-    is always retried, it says nothing about the work; past the soft time limit
-    `fail(reason)`; anything else is a bug: `crash(exc)`.
+    first) until the retries are spent, or with `wait` until its time is, then
+    `give_up(why, attempts)`; the database failing is always retried, it says nothing about
+    the work; past the soft time limit `fail(reason)`; anything else is a bug: `crash(exc)`.
     """
     try:
         row = work()
     except transient as exc:
-        attempts = task.request.retries + 1
-        if task.request.retries >= task.max_retries:
-            give_up(str(exc), attempts)
-            return ended
-        countdown = backoff(task.request.retries)
-        if retrying is not None:
-            retrying(str(exc), attempts, countdown)
-        retry_later(task, exc, countdown)
+        _retry_transient(task, exc, wait=wait, give_up=give_up, retrying=retrying)
+        return ended
     except SoftTimeLimitExceeded:
         fail(f"{what} ran past its {settings.TASK_SOFT_TIME_LIMIT} s time limit")
         return ended
@@ -96,6 +129,36 @@ def run_retrying(
         crash(exc)
         return ended
     return row.status if row is not None else "nothing to do"
+
+
+def _retry_transient(
+    task,
+    exc: Exception,
+    *,
+    wait: Wait | None,
+    give_up: Callable[[str, int], object],
+    retrying: Callable[[str, int, float], object] | None,
+) -> None:
+    """Queue the next try (raises Celery's Retry), or `give_up` once the retries or the wait
+    are spent."""
+    retries = task.request.retries
+    kwargs = None
+    if wait is None:
+        spent = retries >= task.max_retries
+        countdown = backoff(retries)
+    else:
+        now = time.time()
+        since = float((task.request.kwargs or {}).get(WAITING_SINCE) or now)
+        left = since + wait.seconds - now
+        spent = left <= 0
+        countdown = wait.pause(retries, left)
+        kwargs = {WAITING_SINCE: since}
+    if spent:
+        give_up(str(exc), retries + 1)
+        return
+    if retrying is not None:
+        retrying(str(exc), retries + 1, countdown)
+    retry_later(task, exc, countdown, kwargs=kwargs)
 
 
 @shared_task(name=queue.VALIDATE, **TASK_OPTIONS)
@@ -132,20 +195,21 @@ def recheck_compatibility(self, base_model_id: int):
         retry_later(self, exc)
 
 
-@shared_task(name=queue.EVALUATE, **TASK_OPTIONS)
-def evaluate_adapter_version(self, evaluation_id: int):
-    """Score a version's eval set on the engine and apply the quality gate. The engine (or
-    storage) failing is retried with backoff, the version pending meanwhile; after the
-    retries the evaluation, and a version that awaited it, end failed with the reason."""
+@shared_task(name=queue.EVALUATE, **{**TASK_OPTIONS, "max_retries": None})
+def evaluate_adapter_version(self, evaluation_id: int, waiting_since: float | None = None):
+    """Score a version's eval set on an engine and apply the quality gate. Until an engine
+    serving the revision (and storage) answers, it waits (`evaluation_wait()`; its retries
+    carry `waiting_since`), the version pending; a refusal no engine would change fails it at
+    once, and so does the wait spent."""
     return run_retrying(
         self,
         lambda: evaluation_run(evaluation_id=evaluation_id),
         what="evaluation",
         ended="failed",
         transient=(EvaluationUnavailable, StorageUnavailable),
-        retrying=lambda why, attempt, countdown: evaluation_retrying(
-            evaluation_id=evaluation_id,
-            reason=f"attempt {attempt} failed ({why}); retrying in {countdown:g} s",
+        wait=evaluation_wait(),
+        retrying=lambda why, attempt, countdown: evaluation_waiting(
+            evaluation_id=evaluation_id, why=why, attempt=attempt, countdown=countdown
         ),
         give_up=lambda why, attempts: evaluation_give_up(
             evaluation_id=evaluation_id, attempts=attempts, why=why
@@ -169,4 +233,7 @@ def sweep_stuck_validations():
 
 @shared_task(name=queue.SWEEP_EVALUATIONS, acks_late=True)
 def sweep_stuck_evaluations():
-    return _logged("evaluations", evaluations_sweep_stuck())
+    """Each delivery of an evaluation may try as often as its wait allows: the sweep gives up
+    after LORAPLEX_VALIDATION_MAX_ATTEMPTS deliveries' worth, not a waiting one's tries."""
+    most = settings.VALIDATION_MAX_ATTEMPTS * evaluation_wait().tries()
+    return _logged("evaluations", evaluations_sweep_stuck(most_attempts=most))

@@ -54,6 +54,11 @@ def limits() -> dict[str, int]:
     }
 
 
+def eval_set_limits() -> dict[str, int]:
+    """The eval-set upload's one file part and its limit."""
+    return {EVAL_SET_FIELD: settings.EVAL_MAX_BYTES}
+
+
 def too_large(field: str, limit: int) -> UploadTooLarge:
     if field in (EVAL_FIELD, EVAL_SET_FIELD):
         what = "the eval set; LORAPLEX_EVAL_MAX_BYTES"
@@ -144,7 +149,7 @@ class EvalSetUploadHandler(LimitedUploadHandler):
     """The same, for PUT /adapters/{name}/eval-set/: one part, `file`, the eval set."""
 
     def field_limits(self) -> dict[str, int]:
-        return {EVAL_SET_FIELD: settings.EVAL_MAX_BYTES}
+        return eval_set_limits()
 
     def request_too_large(self, content_length: int) -> UploadTooLarge:
         return UploadTooLarge(

@@ -32,6 +32,10 @@ class EngineConfig:
     # tokens per step, decodes and prefill chunks together. Default: with chunked prefill
     # 512 on cpu (a step stays short) and 8192 on cuda; without, max(max_model_len, 2048)
     max_num_batched_tokens: int | None = None
+    # the most tokens background work (the quality gate's scoring) feeds in a step; it
+    # never joins a step of tenants' decodes alone (scheduler.py). 0: no such budget.
+    # Default: 32 on cpu, 256 on cuda (_check_background_budget); at most the step's budget
+    background_tokens_per_step: int | None = None
     block_size: int = 16
     # reuse the KV blocks of prompt prefixes already computed (per adapter)
     enable_prefix_caching: bool = True
@@ -96,6 +100,7 @@ class EngineConfig:
                 f"max_model_len {self.max_model_len} must be in 2..{limit} for this model"
             )
         self._check_batch_budget(device)
+        self._check_background_budget(device)
         if self.max_num_seqs < 1 or self.block_size < 1:
             raise ConfigError("max_num_seqs and block_size must be positive")
         if self.kv_cache_bytes is not None and self.kv_cache_bytes < self.kv_block_bytes:
@@ -135,6 +140,23 @@ class EngineConfig:
                 f"max_num_batched_tokens {budget} must be at least max_num_seqs "
                 f"{self.max_num_seqs}, so every running sequence can decode in each step"
             )
+
+    def _check_background_budget(self, device: torch.device) -> None:
+        """A tenant's token waits for the whole step, and one arriving waits for the step
+        under way, so a background chunk should cost about what a decode step does. On cpu
+        (fp32) a step's cost per token levels off from about 32 tokens (about 70% of the
+        throughput of 512-token steps; bench/background_priority.py). On cuda the
+        projections stay memory-bound up to about 300 tokens (a Hopper's bf16 FLOP per byte
+        of weights), so 256 tokens cost about one pass over the weights, as a decode does."""
+        assert self.max_num_batched_tokens is not None
+        value = self.background_tokens_per_step
+        if value is None:
+            value = 256 if device.type == "cuda" else 32
+        elif isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ConfigError(
+                f"background_tokens_per_step must be a non-negative integer, got {value!r}"
+            )
+        self.background_tokens_per_step = min(value, self.max_num_batched_tokens)
 
     def _check_lora(self) -> None:
         if self.max_cpu_loras is None:

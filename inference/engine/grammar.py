@@ -66,7 +66,8 @@ class GrammarMatcher:
 
     @property
     def error(self) -> str:
-        return str(self.matcher.get_error())
+        """The matcher's complaint in a line (it can quote the grammar whole)."""
+        return _first_words(str(self.matcher.get_error()))
 
 
 class CompiledGrammar:
@@ -96,14 +97,34 @@ class GrammarBackend:
         self.mask_words = (vocab_size + 31) // 32  # int32 words of one row's bitmask
 
     def compile(self, spec: StructuredOutput) -> CompiledGrammar:
-        grammar = self.llg.LLMatcher.grammar_from_json_schema(spec.schema(), overrides=JSON_FORMAT)
-        start = self.llg.LLMatcher(self.tokenizer, grammar, log_level=0)
+        start = self._start(spec)
         if start.is_error():
             raise UnsupportedSchemaError(_schema_problem(start.get_error()))
         # one mask, on this thread, builds the lexer states every copy then shares
         scratch = torch.empty(self.mask_words, dtype=torch.int32)
         start.unsafe_compute_mask_ptr(scratch.data_ptr(), self.mask_words * 4)
+        if start.is_stopped():  # nothing, not even `{}`, is a value of it (`{"$ref": "#"}`)
+            raise UnsupportedSchemaError("the JSON schema admits no JSON value")
         return CompiledGrammar(self, start)
+
+    def _start(self, spec: StructuredOutput) -> Any:
+        """The grammar's first matcher. What the grammar engine raises on a schema it
+        cannot take (a number it cannot hold, a limit of its own, even a panic of its Rust
+        core) is the schema's problem, said in a line."""
+        try:
+            grammar = self.llg.LLMatcher.grammar_from_json_schema(
+                spec.schema(), overrides=JSON_FORMAT
+            )
+            return self.llg.LLMatcher(self.tokenizer, grammar, log_level=0)
+        except BaseException as error:  # pyo3's PanicException derives from BaseException
+            if isinstance(error, KeyboardInterrupt | SystemExit | GeneratorExit):
+                raise
+            if type(error).__name__ == "PanicException":  # its text is the engine's internals
+                raise UnsupportedSchemaError(
+                    "the grammar engine could not compile this JSON schema (too large or too "
+                    "complex); simplify it"
+                ) from None
+            raise UnsupportedSchemaError(_schema_problem(str(error))) from None
 
     def fill_bitmask(self, matchers: list[Any]) -> torch.Tensor:
         """The allowed next tokens of each llguidance matcher, one int32 bitmask row each
@@ -232,5 +253,14 @@ def _schema_problem(error: str) -> str:
     unknown_format = re.match(r"Unknown format: (.*)", error)
     if unknown_format:
         return f"the JSON schema uses an unsupported string format: {unknown_format.group(1)!r}"
-    detail = " ".join(line.strip() for line in error.splitlines() if line.strip())
-    return f"the JSON schema is invalid or not supported: {detail}"
+    return f"the JSON schema is invalid or not supported: {_first_words(error)}"
+
+
+MAX_PROBLEM_CHARS = 200  # a grammar engine's message can quote the whole grammar
+
+
+def _first_words(error: str) -> str:
+    """The message's first line, without a backtrace or a build path, cut short."""
+    lines = [line.strip() for line in error.splitlines() if line.strip()] or ["no reason given"]
+    first = re.sub(r"(/[\w.-]+)+\.rs(:\d+)*", "<source>", lines[0])
+    return first if len(first) <= MAX_PROBLEM_CHARS else first[:MAX_PROBLEM_CHARS] + "..."

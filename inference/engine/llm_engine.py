@@ -72,6 +72,8 @@ class LLMEngine:
         self.lora_manager = make_lora_manager(
             self.config, self.model_runner.lora_slots, lora_loader, self.metrics
         )
+        if self.lora_manager is not None and self.model_runner.workers is not None:
+            self.lora_manager.loader.ranks = self.model_runner.workers.loads  # every rank loads
         self.loras = LoRAControls(self.lora_manager, self.block_manager)
         self.scheduler = Scheduler(self.config, self.block_manager, self.lora_manager)
         self.max_model_len = self.model_runner.max_model_len

@@ -3,8 +3,9 @@
 Rank 0 (the engine's process: scheduler, sampler, LoRA manager) starts one process per
 other rank and sends each step's inputs down a pipe before running the step itself; every
 rank then runs the same forward, meeting at the sharded layers' collectives. A worker
-repeats rank 0's slot writes with its own copy of each adapter (read from the same folder
-once, kept in its own host cache), so each rank loads an adapter once and holds its shard.
+repeats rank 0's slot writes with its own copy of each adapter, its shard, read from the
+same folder during rank 0's load and held as long as rank 0 holds one (parallel_adapters.py),
+so a folder gone from disk fails that adapter's load, never a step.
 
 Nothing hangs on a lost rank: a watchdog thread in rank 0 notices a worker that exited and
 fails the engine (its requests end with RankFailedError, readiness turns false); a
@@ -21,9 +22,8 @@ import os
 import pickle
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Protocol
@@ -32,11 +32,11 @@ import torch
 
 from .config import EngineConfig
 from .errors import ConfigError
-from .lora.loader import load_host_adapter
-from .lora.slots import HostAdapter, LoRASlots
+from .lora.slots import LoRASlots
 from .model.context import ForwardContext, PagedStep
 from .model_inputs import ForwardInputs
 from .parallel.group import free_address, join_group, leave_group
+from .parallel_adapters import RankLoads, WorkerAdapters, serve_loads
 from .request import LoRARequest
 
 logger = logging.getLogger(__name__)
@@ -59,11 +59,12 @@ class RankFailedError(RuntimeError):
 @dataclass
 class StepInputs:
     """What every rank needs to run rank 0's step: its forward's inputs (the context on the
-    CPU, without its LoRA fields, which each rank builds) and the slot writes since the last
-    step."""
+    CPU, without its LoRA fields, which each rank builds), the slot writes since the last
+    step, and, by rank, the adapter copies to let go after them."""
 
     forward: ForwardInputs
     writes: list[SlotWrite]
+    released: dict[int, list[str]] = field(default_factory=dict)
 
 
 class Follower(Protocol):
@@ -127,19 +128,24 @@ class Workers:
         address = free_address()
         context = multiprocessing.get_context("spawn")  # CUDA and threads forbid fork
         self.pipes: list[Connection] = []
+        load_pipes: list[Connection] = []
         self.processes: list[multiprocessing.process.BaseProcess] = []
         for rank in range(1, size):
             ours, theirs = context.Pipe()
+            our_loads, their_loads = context.Pipe()
             process = context.Process(
                 target=worker_main,
-                args=(config, rank, address, theirs, make_follower),
+                args=(config, rank, address, theirs, their_loads, make_follower),
                 name=process_name(rank),
                 daemon=True,
             )
             process.start()
             theirs.close()
+            their_loads.close()
             self.pipes.append(ours)
+            load_pipes.append(our_loads)
             self.processes.append(process)
+        self.loads = RankLoads(load_pipes)  # the adapter loader's way to the other ranks
         self.failure: RankFailedError | None = None
         self.on_failure: Callable[[], None] | None = None  # the engine's wakeup
         self._closing = threading.Event()
@@ -159,6 +165,7 @@ class Workers:
 
     def send(self, inputs: StepInputs) -> None:
         self.check()
+        inputs = dataclasses.replace(inputs, released=self.loads.take_released())
         data = pickle.dumps(inputs, protocol=pickle.HIGHEST_PROTOCOL)
         for rank, pipe in enumerate(self.pipes, start=1):
             try:
@@ -203,6 +210,8 @@ class Workers:
             with contextlib.suppress(OSError):  # a dead rank's pipe is already broken
                 pipe.send_bytes(b"")
             pipe.close()
+        for pipe in self.loads.pipes:
+            pipe.close()
         for process in self.processes:
             process.join(STOP_TIMEOUT_SECONDS)
             if process.is_alive():
@@ -211,39 +220,26 @@ class Workers:
         leave_group()
 
 
-class WorkerAdapters:
-    """A worker's host copies of adapters, by adapter id, least recently used evicted."""
-
-    def __init__(self, slots: LoRASlots, config: EngineConfig):
-        self.fingerprint = config.model_config.fingerprint
-        self.slots = slots
-        self.capacity = config.max_cpu_loras or 1
-        self.pin = slots.device.type == "cuda"
-        self.cache: OrderedDict[str, HostAdapter] = OrderedDict()
-
-    def apply(self, writes: list[SlotWrite]) -> None:
-        for slot, write in writes:
-            if write is None:
-                self.slots.clear(slot)
-            else:
-                self.slots.write(slot, self.host_copy(*write))
-
-    def host_copy(self, request: LoRARequest, path: str) -> HostAdapter:
-        adapter = self.cache.get(request.adapter_id)
-        if adapter is None:
-            adapter = load_host_adapter(self.slots, request, path, self.fingerprint, pin=self.pin)
-            self.cache[request.adapter_id] = adapter
-            while len(self.cache) > self.capacity:
-                self.cache.popitem(last=False)
-        self.cache.move_to_end(request.adapter_id)
-        return adapter
+def apply_writes(adapters: WorkerAdapters, writes: list[SlotWrite]) -> None:
+    """Repeat rank 0's slot writes with this rank's held copies."""
+    for slot, write in writes:
+        if write is None:
+            adapters.slots.clear(slot)
+        else:
+            adapters.slots.write(slot, adapters.copy_of(*write))
 
 
 def worker_main(
-    config: EngineConfig, rank: int, address: str, pipe: Connection, make_follower: MakeFollower
+    config: EngineConfig,
+    rank: int,
+    address: str,
+    pipe: Connection,
+    loads: Connection,
+    make_follower: MakeFollower,
 ) -> None:
     """A worker process: join the group, build this rank's shard, then run every step rank 0
-    sends until it sends an empty message or its pipe closes."""
+    sends until it sends an empty message or its pipe closes; a thread loads the adapters
+    rank 0 loads, down `loads`."""
     with contextlib.suppress(OSError):  # Linux; elsewhere the OS keeps calling it python
         Path("/proc/self/comm").write_text(process_name(rank))
     config = copy.copy(config)
@@ -255,6 +251,10 @@ def worker_main(
     try:
         runner = make_follower(config, rank)
         adapters = WorkerAdapters(runner.lora_slots, config) if runner.lora_slots else None
+        if adapters is not None:
+            threading.Thread(
+                target=serve_loads, args=(loads, adapters), name="loraplex-tp-loads", daemon=True
+            ).start()
         while True:
             try:
                 data = pipe.recv_bytes()
@@ -263,9 +263,10 @@ def worker_main(
             if not data:
                 break
             inputs: StepInputs = pickle.loads(data)
-            if inputs.writes:
+            if inputs.writes or inputs.released:
                 assert adapters is not None, "slot writes reach only engines with LoRA"
-                adapters.apply(inputs.writes)
+                apply_writes(adapters, inputs.writes)
+                adapters.release(inputs.released.get(rank, ()))
             runner.follow(inputs)
     finally:
         leave_group()

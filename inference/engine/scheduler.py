@@ -12,19 +12,21 @@ the cache already holds (block_manager.py), and only the rest is fed.
 Priorities: all of this happens one priority class at a time, lowest value first, so a
 waiting request of a better class is served before running ones of worse classes, and
 when it lacks a sequence slot or KV blocks, running sequences of worse classes are
-preempted for it (the newest first). Background work therefore delays tenants' traffic by
-at most the step already under way. When a decode needs a block and none is free, the
-newest running sequence not yet scheduled in this step is preempted: its blocks are freed
-(named ones stay cached, so its recompute is mostly a cache hit) and it waits to be
-recomputed.
+preempted for it (the newest first). When a decode needs a block and none is free, the
+newest running sequence of the worst class not yet scheduled in this step is preempted: its
+blocks are freed (named ones stay cached, so its recompute is mostly a cache hit) and it
+waits to be recomputed. Either way background work goes first.
 
-Within a class, waiting sequences are considered in one order (`_admission_order`):
-preempted ones first, then round-robin over fairness keys (tenants), oldest first within
-a key, so one tenant's burst cannot fill the batch ahead of another's earlier requests. A
-sequence whose LoRA adapter cannot have a device slot yet is skipped, never holding back
-those behind it; the LoRA manager makes sure such an adapter gets the next slot that
-frees (no starvation). A sequence that does not fit the budget or the free blocks holds
-back those behind it, so a long prompt is never starved by short ones.
+Background work (classes worse than Priority.DEFAULT, the tenants' class: the quality
+gate's scoring) takes only what tenants' traffic leaves of a step, at most
+`background_tokens_per_step` tokens, and none in a step that would otherwise only decode
+tenants' sequences. Order alone is not enough: a tenant's token waits for the whole step,
+so background chunks filling the budget slow every token of a tenant's request, and a
+tenant that arrives waits for the background step under way. Decode-only steps are the
+cheap ones (matrix-vector work on cpu, a replayed graph on cuda); any prefill token makes
+them a different, slower kind of step. A budget of 0 turns this off: background work
+fills whatever tenants leave, like any class. Without chunked prefill, background work
+alone takes the whole budget (a prompt is fed whole or not at all).
 """
 
 import itertools
@@ -34,7 +36,13 @@ from dataclasses import dataclass, field
 from .block_manager import BlockManager
 from .config import EngineConfig
 from .lora.manager import LoRAManager
+from .request import Priority
 from .sequence import Sequence, SequenceStatus
+
+
+def is_background(priority: int) -> bool:
+    """The platform's own work: any class worse than the one tenants' traffic runs at."""
+    return priority > Priority.DEFAULT
 
 
 @dataclass
@@ -65,6 +73,8 @@ class Scheduler:
         assert config.max_num_batched_tokens is not None  # resolved by EngineConfig
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = config.max_num_batched_tokens
+        assert config.background_tokens_per_step is not None  # resolved by EngineConfig
+        self.background_tokens_per_step = config.background_tokens_per_step
         self.chunked_prefill = config.enable_chunked_prefill
         self.block_manager = block_manager
         self.lora = lora_manager  # None when LoRA is off
@@ -90,10 +100,30 @@ class Scheduler:
         if self.waiting and self.lora is not None:
             self.lora.begin_schedule()
         classes = sorted({s.priority for s in self.running} | {s.priority for s in self.waiting})
-        for priority in classes:
-            budget = self._schedule_running(priority, budget, batch)
-            budget = self._admit_waiting(priority, budget, batch)
+        tenants = [p for p in classes if not is_background(p)]
+        for priority in tenants:
+            budget = self._schedule_class(priority, budget, batch)
+        share = self._background_share(budget, batch)
+        if share is not None:  # one share for every background class together
+            for priority in classes[len(tenants) :]:
+                share = self._schedule_class(priority, share, batch)
         return batch
+
+    def _background_share(self, budget: int, batch: ScheduledBatch) -> int | None:
+        """The tokens background work may feed in this step, once tenants' traffic has its
+        part (`batch` so far); None: nothing at all, not even a decode."""
+        cap = self.background_tokens_per_step
+        if cap == 0:
+            return budget  # no background budget: what tenants leave, as for any class
+        if batch.decodes and not batch.prefills:
+            return None  # a step of tenants' decodes stays one
+        if not batch and not self.chunked_prefill:
+            return budget  # alone, a prompt is fed whole
+        return min(budget, cap) or None
+
+    def _schedule_class(self, priority: int, budget: int, batch: ScheduledBatch) -> int:
+        budget = self._schedule_running(priority, budget, batch)
+        return self._admit_waiting(priority, budget, batch)
 
     def mark_computed(self, batch: ScheduledBatch) -> None:
         """After the forward: the batch's tokens are in the cache (and blocks that fell

@@ -12,6 +12,7 @@ stops the server so that the process exits for its supervisor to restart.
 """
 
 import logging
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -138,7 +139,9 @@ def _base_model_to_serve():
 
 
 def _fetch_adapter(lora_request) -> Path:
-    """The engine's loader callback: stage a version that is not on local disk yet."""
+    """The engine's loader callback: stage a version that is not on local disk yet. When the
+    engine names a folder it could not load, that copy's bytes are checked in full and, if
+    damaged, staged again from object storage (this request waits for it)."""
     from django.db import close_old_connections
 
     close_old_connections()  # runs on an engine loader thread, outside any request
@@ -146,7 +149,8 @@ def _fetch_adapter(lora_request) -> Path:
         version = version_find_by_uid(uid=lora_request.adapter_id)
         if version is None:
             raise LookupError(f"no adapter version has uid {lora_request.adapter_id}")
-        return ensure_staged(version)
+        failed = lora_request.path is not None and os.path.isdir(lora_request.path)
+        return ensure_staged(version, suspect=failed)
     finally:
         close_old_connections()
 

@@ -13,9 +13,13 @@ from typing import TYPE_CHECKING, Any
 
 from inference.errors import ProtocolError, UnsupportedParameter
 
+from .schema_limits import SchemaBudget
+from .schema_satisfiable import refuse_endless_refs
+
 if TYPE_CHECKING:
     from inference.engine import AsyncLLMEngine, StructuredOutput
 
+MAX_DETAIL = 200  # characters of a checker's own words quoted back (they can quote the schema)
 # OpenAI's rule for a json_schema's and a function's name.
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
@@ -45,24 +49,32 @@ def require_name(value, param: str) -> str:
     return value
 
 
-def require_json_schema(value, param: str) -> dict[str, Any]:
-    """A JSON Schema object that its own meta-schema accepts, so a typo (`"type": "strnig"`)
-    is named here rather than failing obscurely in the engine."""
+def require_json_schema(value, param: str, budget: SchemaBudget) -> dict[str, Any]:
+    """A JSON Schema object within the request's bounds (counted first: the checks after it
+    cost more than linear time in some shapes) that its own meta-schema accepts, so a typo
+    (`"type": "strnig"`) is named here rather than failing obscurely in the engine, and that
+    admits some finite value."""
     from jsonschema import SchemaError, validators  # type: ignore[import-untyped]
 
     if not isinstance(value, dict):
         raise ProtocolError(f"{param} must be a JSON Schema object.", param=param)
+    budget.check(value, param)
     try:
         validators.validator_for(value).check_schema(value)
     except SchemaError as exc:
-        where = "".join(f"[{p!r}]" for p in exc.path)
+        where = "".join(f"[{p!r}]" for p in exc.path)[:MAX_DETAIL]
         raise ProtocolError(
-            f"{param} is not a valid JSON Schema: {exc.message}"
+            f"{param} is not a valid JSON Schema: {_cut(exc.message)}"
             + (f" (at {where})" if where else "")
             + ".",
             param=param,
         ) from None
+    refuse_endless_refs(value, param)
     return value
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= MAX_DETAIL else text[:MAX_DETAIL] + "..."
 
 
 async def compile_constraint(

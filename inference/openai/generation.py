@@ -24,7 +24,7 @@ from django.conf import settings
 from inference import ratelimit, usage
 from inference.auth import inference_principal
 from inference.engine import EngineRequest, SamplingParams
-from inference.errors import ContextLengthExceeded
+from inference.errors import ContextLengthExceeded, ProtocolError
 from inference.host.engine_host import HOST
 from inference.metrics import HTTP_REQUESTS
 from inference.resolution import ResolvedModel, resolve_model
@@ -81,7 +81,8 @@ class Prepared:
 
 async def prepare(request, endpoint: Endpoint) -> Prepared:
     principal = await sync_to_async(inference_principal)(request)
-    parsed = endpoint.parse(_body(request))
+    # Parsing and schema checks off the event loop, which only moves bytes.
+    parsed = await sync_to_async(_parse, thread_sensitive=False)(endpoint, request)
     await sync_to_async(ratelimit.check_request_rate)(principal=principal)
     await sync_to_async(ratelimit.check_token_budget)(tenant_id=principal.tenant.id)
     engine = await HOST.started_engine()
@@ -93,6 +94,7 @@ async def prepare(request, endpoint: Endpoint) -> Prepared:
     refuse_overlong_text(parsed, llm)
     prompt_ids = await sync_to_async(endpoint.prompt_ids, thread_sensitive=False)(llm, parsed)
     max_tokens = _max_tokens(parsed, llm, len(prompt_ids))
+    refuse_oversized_answer(parsed, endpoint, len(prompt_ids), max_tokens)
     prepared = Prepared(
         endpoint=endpoint,
         principal=principal,
@@ -108,13 +110,13 @@ async def prepare(request, endpoint: Endpoint) -> Prepared:
     return prepared
 
 
-def _body(request) -> dict:
+def _parse(endpoint: Endpoint, request) -> GenerationRequest:
     length = int(request.META.get("CONTENT_LENGTH") or 0)
     if length > settings.MAX_REQUEST_BYTES:
         raise RequestTooLarge(
             f"The request body is {length} bytes; the limit is {settings.MAX_REQUEST_BYTES}."
         )
-    return load_json(request.body)
+    return endpoint.parse(load_json(request.body))
 
 
 def _max_tokens(parsed: GenerationRequest, llm: "LLMEngine", prompt_tokens: int) -> int:
@@ -177,6 +179,38 @@ async def _admit(prepared: Prepared, *, tokens: int) -> None:
         ratelimit.settle_tokens(prepared.reservation, used=0)
         raise
     _finish_when_the_request_ends(prepared)
+
+
+def refuse_oversized_answer(
+    parsed: GenerationRequest, endpoint: Endpoint, prompt_tokens: int, max_tokens: int
+) -> None:
+    """An answer's logprobs are known in count before a token is generated: one that would
+    run to hundreds of megabytes is refused, naming the parameter that makes it so."""
+    limit = settings.MAX_LOGPROB_ENTRIES
+    # The prompt's logprobs are computed once; the completions API repeats them per choice.
+    copies = parsed.n if endpoint.kind == "text" else 1
+    parts = {
+        "prompt_logprobs": 0
+        if parsed.prompt_logprobs is None
+        else prompt_tokens * (1 + parsed.prompt_logprobs) * copies,
+        _logprobs_param(endpoint): 0
+        if parsed.logprobs is None
+        else parsed.n * max_tokens * (1 + parsed.logprobs),
+    }
+    entries = sum(parts.values())
+    if limit and entries > limit:
+        param = max(parts, key=lambda name: parts[name])
+        raise ProtocolError(
+            f"The answer would hold {entries} logprob entries ({param}: {parts[param]}, over "
+            f"{prompt_tokens} prompt tokens, {parsed.n} choices and up to {max_tokens} tokens "
+            f"each); at most {limit} (LORAPLEX_MAX_LOGPROB_ENTRIES). Lower {param}, n or "
+            f"{parsed.max_tokens_param}.",
+            param=param,
+        )
+
+
+def _logprobs_param(endpoint: Endpoint) -> str:
+    return "top_logprobs" if endpoint.kind == "chat" else "logprobs"
 
 
 def _prompt_param(parsed: GenerationRequest) -> str:

@@ -16,6 +16,7 @@ from inference.errors import InvalidJson, ProtocolError, UnknownParameter, Unsup
 
 from .constraints import JsonConstraint
 from .response_format import parse_response_format
+from .schema_limits import SchemaBudget
 from .tools import ToolUse, parse_tool_use
 
 MAX_TOP_LOGPROBS = 20
@@ -133,9 +134,10 @@ def load_json(raw: bytes) -> dict:
 
 def parse_chat_request(body: dict) -> GenerationRequest:
     _refuse_unsupported(body, CHAT_FIELDS)
-    request = _parse_common(body)
+    budget = SchemaBudget()  # one for every schema the request holds
+    request = _parse_common(body, budget)
     request.messages = parse_chat_messages(body.get("messages"), with_tools=True)
-    request.tool_use = parse_tool_use(body)
+    request.tool_use = parse_tool_use(body, budget)
     forced = request.tool_use.forced_constraint() if request.tool_use else None
     if request.tool_use is not None and request.constraint is not None:
         raise ProtocolError(
@@ -161,7 +163,7 @@ def parse_chat_request(body: dict) -> GenerationRequest:
 
 def parse_completion_request(body: dict) -> GenerationRequest:
     _refuse_unsupported(body, COMPLETION_FIELDS)
-    request = _parse_common(body)
+    request = _parse_common(body, SchemaBudget())
     request.prompt = _parse_prompt(body.get("prompt"))
     request.max_tokens = _optional_positive_int(body.get("max_tokens", 16), "max_tokens")
     request.logprobs = _optional_int(body.get("logprobs"), "logprobs", 0, MAX_TOP_LOGPROBS)
@@ -190,7 +192,7 @@ def _refuse_unsupported(body: dict, allowed: set[str]):
         raise UnknownParameter(f"Unknown parameter '{name}'.", param=name)
 
 
-def _parse_common(body: dict) -> GenerationRequest:
+def _parse_common(body: dict, budget: SchemaBudget) -> GenerationRequest:
     model = body.get("model")
     if not (isinstance(model, str) and model.strip()):  # inline: tells mypy model is a str
         raise ProtocolError("model is required (a model name string).", param="model")
@@ -241,7 +243,7 @@ def _parse_common(body: dict) -> GenerationRequest:
     request.ignore_eos = ignore_eos
     request.n = _parse_n(body.get("n"), request.seed)
     request.prompt_logprobs = _parse_prompt_logprobs(body.get("prompt_logprobs"), stream)
-    request.constraint = parse_response_format(body.get("response_format"))
+    request.constraint = parse_response_format(body.get("response_format"), budget)
     return request
 
 

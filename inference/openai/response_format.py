@@ -5,13 +5,14 @@ from inference.errors import ProtocolError
 
 from .constraints import JsonConstraint, require_json_schema, require_name
 from .fields import refuse_extra_fields
+from .schema_limits import SchemaBudget
 
 PARAM = "response_format"
 _TYPES = ("text", "json_object", "json_schema")
 _JSON_SCHEMA_FIELDS = {"name", "schema", "strict", "description"}
 
 
-def parse_response_format(value) -> JsonConstraint | None:
+def parse_response_format(value, budget: SchemaBudget | None = None) -> JsonConstraint | None:
     """None for plain text (absent, null or `{"type": "text"}`), else the output's constraint.
     `strict` is accepted either way: the output is always held to the schema."""
     if value is None:
@@ -40,7 +41,7 @@ def parse_response_format(value) -> JsonConstraint | None:
     require_name(spec.get("name"), f"{where}.name")
     if "schema" not in spec:
         raise ProtocolError(f"{where}.schema is required (a JSON Schema).", param=f"{where}.schema")
-    schema = require_json_schema(spec["schema"], f"{where}.schema")
+    schema = require_json_schema(spec["schema"], f"{where}.schema", budget or SchemaBudget())
     if spec.get("strict") not in (None, True, False):
         raise ProtocolError(f"{where}.strict must be a boolean.", param=f"{where}.strict")
     if not isinstance(spec.get("description", ""), str):

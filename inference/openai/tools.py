@@ -19,6 +19,7 @@ from inference.errors import ProtocolError
 
 from .constraints import JsonConstraint, require_json_schema, require_name
 from .fields import refuse_extra_fields
+from .schema_limits import SchemaBudget
 
 MAX_TOOLS = 128  # OpenAI's limit
 MODES = ("none", "auto", "required")
@@ -77,10 +78,10 @@ class ToolUse:
         return JsonConstraint(schema, "tools")
 
 
-def parse_tool_use(body: dict) -> ToolUse | None:
+def parse_tool_use(body: dict, budget: SchemaBudget | None = None) -> ToolUse | None:
     """The request's tool use, or None when the model is to answer in plain content (no tools,
     or `tool_choice: "none"`). Every tool is checked either way."""
-    tools = _parse_tools(body.get("tools"))
+    tools = _parse_tools(body.get("tools"), budget or SchemaBudget())
     names = [tool.name for tool in tools]
     choice = body.get("tool_choice")
     mode, function = _parse_tool_choice(choice, names)
@@ -99,14 +100,14 @@ def parse_tool_use(body: dict) -> ToolUse | None:
     return ToolUse(tuple(tools), mode, function, parallel is not False)
 
 
-def _parse_tools(value) -> list[Tool]:
+def _parse_tools(value, budget: SchemaBudget) -> list[Tool]:
     if value is None:
         return []
     if not isinstance(value, list):
         raise ProtocolError("tools must be a list of function tools.", param="tools")
     if len(value) > MAX_TOOLS:
         raise ProtocolError(f"tools takes at most {MAX_TOOLS} tools.", param="tools")
-    tools = [_parse_tool(item, f"tools[{i}]") for i, item in enumerate(value)]
+    tools = [_parse_tool(item, f"tools[{i}]", budget) for i, item in enumerate(value)]
     seen: set[str] = set()
     for i, tool in enumerate(tools):
         if tool.name in seen:
@@ -118,7 +119,7 @@ def _parse_tools(value) -> list[Tool]:
     return tools
 
 
-def _parse_tool(item, where: str) -> Tool:
+def _parse_tool(item, where: str, budget: SchemaBudget) -> Tool:
     if not isinstance(item, dict) or item.get("type") != "function":
         raise ProtocolError(
             f'{where} must be an object with "type": "function" and a function.', param=where
@@ -136,7 +137,7 @@ def _parse_tool(item, where: str) -> Tool:
         raise ProtocolError(f"{where}.strict must be a boolean.", param=f"{where}.strict")
     parameters = NO_PARAMETERS
     if function.get("parameters") is not None:
-        parameters = require_json_schema(function["parameters"], f"{where}.parameters")
+        parameters = require_json_schema(function["parameters"], f"{where}.parameters", budget)
         if parameters.get("type") != "object":
             raise ProtocolError(
                 f'{where}.parameters must be a JSON Schema with "type": "object": a call\'s '

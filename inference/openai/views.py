@@ -1,7 +1,9 @@
 """The OpenAI-compatible HTTP API: thin async views over the serving flows."""
 
+import json
+
 from asgiref.sync import sync_to_async
-from django.http import JsonResponse, StreamingHttpResponse
+from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 
 from inference.auth import inference_principal
 from inference.http import json_endpoint, require_method
@@ -21,7 +23,10 @@ async def _generate(request, endpoint: Endpoint):
         response["Cache-Control"] = "no-cache"
         response["X-Accel-Buffering"] = "no"  # tell nginx-style proxies not to buffer tokens
         return response
-    return JsonResponse(await respond_json(prepared))
+    body = await respond_json(prepared)
+    # A body of many choices and logprobs can take megabytes: written off the event loop.
+    content = await sync_to_async(json.dumps, thread_sensitive=False)(body)
+    return HttpResponse(content, content_type="application/json")
 
 
 @json_endpoint

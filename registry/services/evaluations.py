@@ -2,9 +2,10 @@
 
 A version is evaluated when validation finds it ready, when it fits a new revision of its
 base model (most-used versions first), when an eval set arrives for one accepted unmeasured,
-and when an operator re-runs it: each time an `Evaluation` row, queued for the worker. While
-the engine cannot answer the task retries and the version stays pending, so the gate never
-lets a version through unjudged; what no engine could measure is decided at once.
+and when an operator re-runs it: each time an `Evaluation` row, queued for the worker. Until
+an engine serving its revision answers (a base upgrade restarts every engine, which takes
+minutes on a large base) the task waits and the version stays pending, saying so, so the gate
+never lets a version through unjudged; what no engine could measure is decided at once.
 """
 
 from __future__ import annotations
@@ -42,8 +43,8 @@ USAGE_WINDOW = timedelta(days=30)  # "most used" for the order of re-evaluations
 
 
 class EvaluationUnavailable(Exception):
-    """Nothing could measure the version now (engine unreachable, restarting, or not yet on
-    the revision): worth retrying later. The version stays pending meanwhile."""
+    """Nothing could measure the version yet (no engine answering, one restarting, or still
+    on the old revision): the task waits and tries again. The version stays pending."""
 
 
 # ---------------------------------------------------------------- requesting
@@ -480,32 +481,71 @@ def _revision_of(evaluation_id: int) -> str:
 
 
 def evaluation_give_up(*, evaluation_id: int, attempts: int, why: str) -> Evaluation | None:
-    """The task's retries are spent: failed, saying what the last attempt met."""
+    """The task's wait is spent: failed, saying for how long and what the last attempt met."""
+    waited = _duration(settings.EVAL_WAIT_SECONDS)
     reason = (
-        f"evaluation failed on revision {_revision_of(evaluation_id)} after {attempts} "
-        f"attempts: {why}; an operator can re-run it"
+        f"evaluation failed on revision {_revision_of(evaluation_id)}: nothing could measure it "
+        f"within {waited} (LORAPLEX_EVAL_WAIT_SECONDS), after {attempts} attempts; the last: "
+        f"{why}; an operator can re-run it"
     )
     return evaluation_fail(evaluation_id=evaluation_id, reason=reason)
 
 
-def evaluation_retrying(*, evaluation_id: int, reason: str) -> None:
-    """Back to queued, saying why the attempt failed (the task retries it later)."""
-    Evaluation.objects.filter(pk=evaluation_id, status__in=[Status.QUEUED, Status.RUNNING]).update(
-        status=Status.QUEUED, reason=reason
+def _duration(seconds: float) -> str:
+    return f"{seconds / 60:g} min" if seconds >= 120 else f"{seconds:g} s"
+
+
+@transaction.atomic
+def evaluation_waiting(
+    *, evaluation_id: int, why: str, attempt: int, countdown: float
+) -> Evaluation | None:
+    """Back to queued until the next try, saying what this one met; the version, pending,
+    says it waits (what a 409 for it repeats). Not audited: nothing was decided."""
+    evaluation = (
+        Evaluation.objects.select_for_update(of=("self",))
+        .filter(pk=evaluation_id, status__in=[Status.QUEUED, Status.RUNNING])
+        .first()
     )
+    if evaluation is None:
+        return None
+    revision = evaluation.base_revision
+    waiting = f"attempt {attempt}: {why}; next try in {countdown:.3g} s"
+    evaluation.status, evaluation.reason = Status.QUEUED, f"waiting to be measured: {waiting}"
+    evaluation.save(update_fields=["status", "reason"])
+
+    def awaits_it(version: AdapterVersion) -> bool:
+        newest = version.evaluations.order_by("-pk").values_list("pk", flat=True).first()
+        return (
+            newest == evaluation_id
+            and version.quality == Quality.PENDING
+            and version.quality_revision == revision
+        )
+
+    quality_move(
+        evaluation.version_id,
+        Quality.PENDING,
+        revision=revision,
+        detail=(
+            f"evaluation pending on revision {short_revision(revision)}: waiting to be measured "
+            f"({waiting})"
+        ),
+        actor=SYSTEM_EVALUATOR,
+        verb=None,
+        when=awaits_it,
+    )
+    return evaluation
 
 
 # ---------------------------------------------------------------- the sweep
 
 
-def evaluations_sweep_stuck(*, now=None) -> dict[str, int]:
+def evaluations_sweep_stuck(*, most_attempts: int, now=None) -> dict[str, int]:
     """Queue again evaluations that stopped without a verdict (their message lost, or their
-    worker died), silent for LORAPLEX_VALIDATION_DEADLINE_SECONDS since their last start (or
-    their creation); fail those that have started more times than their retries allow, over
-    LORAPLEX_VALIDATION_MAX_ATTEMPTS deliveries."""
+    worker died, waiting or running), silent for LORAPLEX_VALIDATION_DEADLINE_SECONDS since
+    their last start (or their creation); fail those that have started `most_attempts` times
+    (the task's tries for LORAPLEX_VALIDATION_MAX_ATTEMPTS deliveries)."""
     now = now or timezone.now()
     deadline = now - timedelta(seconds=settings.VALIDATION_DEADLINE_SECONDS)
-    most = (settings.TASK_RETRIES + 1) * settings.VALIDATION_MAX_ATTEMPTS
     stuck = (
         Evaluation.objects.filter(status__in=[Status.QUEUED, Status.RUNNING])
         .filter(Q(started_at__lt=deadline) | Q(started_at__isnull=True, created_at__lt=deadline))
@@ -513,7 +553,7 @@ def evaluations_sweep_stuck(*, now=None) -> dict[str, int]:
     )
     counts = {"requeued": 0, "failed": 0}
     for pk, attempts in list(stuck):
-        if attempts < most:
+        if attempts < most_attempts:
             # Marked as started now, so the next sweep waits a full deadline again.
             Evaluation.objects.filter(pk=pk).update(status=Status.QUEUED, started_at=now)
             queue.send_on_commit(queue.EVALUATE, pk)

@@ -381,3 +381,50 @@ def test_async_engine_compiles_off_the_loop_and_streams_valid_json(lora_model_di
     finally:
         engine.shutdown()
     jsonschema.validate(json.loads(text), NESTED)
+
+
+def test_a_panic_of_the_grammar_engine_is_a_one_line_schema_error(engine, monkeypatch):
+    """pyo3 raises a Rust panic as PanicException, a BaseException: before, it escaped every
+    `except Exception` and its text (a backtrace, build paths) reached the caller."""
+
+    class PanicException(BaseException):
+        pass
+
+    backend = engine.structured._get_backend()
+
+    def panic(*args, **kwargs):
+        raise PanicException(
+            "called `Option::unwrap()` on a `None` value\n"
+            "  at /root/.cargo/registry/src/index/llguidance-1.9.1/src/json/compiler.rs:412:9\n"
+            "stack backtrace:\n   0: rust_begin_unwind\n" + "   1: frame\n" * 10_000
+        )
+
+    monkeypatch.setattr(backend.llg.LLMatcher, "grammar_from_json_schema", panic)
+    spec = StructuredOutput.from_schema({"type": "object", "properties": {"never": {}}})
+    with pytest.raises(UnsupportedSchemaError) as info:
+        engine.structured.compile(spec)
+    message = str(info.value)
+    assert "too large or too complex" in message
+    assert ".rs" not in message and "backtrace" not in message and len(message) < 200
+
+
+def test_a_long_grammar_engine_message_is_cut_to_its_first_line(engine, monkeypatch):
+    backend = engine.structured._get_backend()
+
+    def refuse(*args, **kwargs):
+        raise ValueError("bad rule at /build/src/grammar.rs:12:3: " + "x" * 100_000 + "\nmore")
+
+    monkeypatch.setattr(backend.llg.LLMatcher, "grammar_from_json_schema", refuse)
+    spec = StructuredOutput.from_schema({"type": "object", "properties": {"cut": {}}})
+    with pytest.raises(UnsupportedSchemaError) as info:
+        engine.structured.compile(spec)
+    message = str(info.value)
+    assert "<source>" in message and "/build/" not in message and "more" not in message
+    assert len(message) < 300
+
+
+def test_a_schema_that_admits_nothing_is_refused(engine):
+    """`{"$ref": "#"}` compiles to a grammar that is finished before its first token:
+    before, the request answered 200 with empty content."""
+    with pytest.raises(UnsupportedSchemaError, match="admits no JSON value"):
+        engine.structured.compile(StructuredOutput.from_schema({"$ref": "#"}))

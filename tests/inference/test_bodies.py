@@ -182,3 +182,39 @@ def test_a_form_field_over_the_request_limit_is_413_not_a_500(server, writer_key
     )
     assert response.status_code == 413, response.text
     assert response.json()["error"]["code"] == "request_too_large"
+
+
+def test_an_oversized_eval_part_is_refused_while_the_body_is_still_being_sent(server):
+    """Before, an upload's `eval` part over LORAPLEX_EVAL_MAX_BYTES (1 MiB here) was refused
+    only once the whole declared body had arrived (and been spilled to disk): this client
+    would have sent its 8 MiB and still waited. Now the answer comes as the part passes its
+    limit, naming it, while most of the body is unsent."""
+    url, proc, _ = server
+    boundary = "loraplex-part-limits"
+    part_head = (
+        f"--{boundary}\r\n"
+        'Content-Disposition: form-data; name="eval"; filename="eval.jsonl"\r\n\r\n'
+    ).encode()
+    declared = 64 * 1024 * 1024  # within the upload's whole-body limit; never sent whole
+    written = bytes_written(proc.pid)
+    sent = 0
+    with connect(url) as sock:
+        headers = {
+            "Content-Type": f"multipart/form-data; boundary={boundary}",
+            "Content-Length": declared,
+        }
+        sock.sendall(head("POST", "/api/v1/adapters/pirate/versions/", headers) + part_head)
+        chunk = b"e" * 65536
+        while not select.select([sock], [], [], 0)[0]:  # until the answer is there
+            assert sent < 8 * 1024 * 1024, "no answer after 8 MiB of a part limited to 1 MiB"
+            try:
+                sock.sendall(chunk)
+            except (BrokenPipeError, ConnectionResetError):
+                break  # refused and closed: the answer is waiting
+            sent += len(chunk)
+        status, _, body = read_answer(sock)
+    assert status == 413, body
+    error = json.loads(body)["error"]
+    assert error["code"] == "upload_too_large" and error["param"] == "eval"
+    assert sent < declared // 8
+    assert bytes_written(proc.pid) - written < 2 * 1024 * 1024

@@ -2,6 +2,7 @@
 an exception nobody expected is a 500 whose id is in the log next to its traceback."""
 
 import json
+import logging
 import re
 
 import pytest
@@ -36,7 +37,7 @@ def assert_logged_internal_error(response, caplog):
     error_id = re.search(r"\(error id ([0-9a-f]{32})\)", error["message"])[1]
     assert "caught fire" not in error["message"]  # details go to the log, not to the caller
     logged = [r for r in caplog.records if error_id in r.getMessage()]
-    assert logged and "caught fire" in str(logged[0].exc_info[1])
+    assert logged and "caught fire" in logged[0].getMessage()  # with its traceback
 
 
 def test_an_unexpected_error_in_a_rest_view_is_a_json_500_with_a_logged_id(
@@ -144,3 +145,15 @@ def test_framework_errors_that_say_too_little_or_too_much_get_our_words():
     assert to_api_error(Http404("No Adapter matches the given query.")).message == "Not found."
     assert "ALLOWED_HOSTS" not in to_api_error(DisallowedHost("add it to ALLOWED_HOSTS")).message
     assert to_api_error(BadRequest("The form is malformed.")).message == "The form is malformed."
+
+
+def test_an_internal_error_logs_a_few_kb_whatever_its_message_quotes(caplog):
+    """An exception can quote a request body or a compiled grammar whole: its log record is
+    cut to a few KB, the error id kept to join it with the answer."""
+    huge = RuntimeError("grammar: " + "x" * 5_000_000)
+    with caplog.at_level(logging.ERROR, logger="platform_site.error_responses"):
+        error = to_api_error(huge)
+    error_id = re.search(r"\(error id ([0-9a-f]{32})\)", error.message)[1]
+    (record,) = [r for r in caplog.records if error_id in r.getMessage()]
+    assert "RuntimeError: grammar: xxx" in record.getMessage()
+    assert len(record.getMessage()) < 10_000 and record.exc_info is None

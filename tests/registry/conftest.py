@@ -337,6 +337,29 @@ def scorer(monkeypatch) -> FakeScorer:
     return fake
 
 
+@pytest.fixture
+def worker_clock(monkeypatch) -> list[float]:
+    """The evaluation task's clock, moved by each retry's countdown as a worker would wait it
+    out (a task run eagerly, as `run_evaluations` runs it, does not wait). Returns the
+    countdowns, in order."""
+    from types import SimpleNamespace
+
+    from registry import tasks
+
+    now = {"t": 1_700_000_000.0}
+    pauses: list[float] = []
+    real_retry_later = tasks.retry_later
+
+    def retry_later(task, exc, countdown=None, **kwargs):
+        pauses.append(countdown)
+        now["t"] += countdown
+        real_retry_later(task, exc, countdown, **kwargs)
+
+    monkeypatch.setattr(tasks, "time", SimpleNamespace(time=lambda: now["t"]))
+    monkeypatch.setattr(tasks, "retry_later", retry_later)
+    return pauses
+
+
 def run_evaluations() -> list:
     """Run every queued evaluation through the worker's task, in this process (eagerly, as
     the queue would hand them out: oldest first). Returns the evaluations, refreshed."""

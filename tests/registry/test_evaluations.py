@@ -410,23 +410,21 @@ def test_an_incompatible_version_is_not_evaluated_on_the_new_revision(
 
 
 @pytest.mark.django_db
-def test_an_unreachable_engine_is_retried_then_the_evaluation_fails_and_can_be_rerun(
-    tenant_a, adapter, good_adapter_dir, settings, monkeypatch
+def test_an_unreachable_engine_is_waited_for_then_the_evaluation_fails_and_can_be_rerun(
+    tenant_a, adapter, good_adapter_dir, settings, monkeypatch, worker_clock
 ):
-    from registry import tasks
-
     settings.ENGINE_URLS = [f"http://127.0.0.1:{free_port()}"]  # nothing listens there
+    settings.EVAL_WAIT_SECONDS, settings.EVAL_RETRY_MAX_SECONDS = 120, 30
     attach_eval_set(adapter)
     version = make_ready_version(adapter, good_adapter_dir)
-    waits = []
-    real_backoff = tasks.backoff
-    monkeypatch.setattr(tasks, "backoff", lambda n: waits.append(real_backoff(n)) or 0)
     (evaluation,) = run_evaluations()
 
-    attempts = tasks.evaluate_adapter_version.max_retries + 1
+    assert worker_clock == [2.0, 4.0, 8.0, 16.0, 30.0, 30.0, 30.0]  # backoff, capped, 120 s
+    attempts = len(worker_clock) + 1
     assert evaluation.status == "failed" and evaluation.attempts == attempts
-    assert waits == [2.0, 4.0, 8.0, 16.0, 32.0]  # the registry tasks' exponential backoff
-    assert f"after {attempts} attempts" in evaluation.reason
+    assert f"within 2 min (LORAPLEX_EVAL_WAIT_SECONDS), after {attempts} attempts" in (
+        evaluation.reason
+    )
     assert "unreachable" in evaluation.reason and "an operator can re-run it" in evaluation.reason
     assert settings.ENGINE_URLS[0] not in evaluation.reason  # tenants read it: no addresses
     version.refresh_from_db()
@@ -727,20 +725,21 @@ def test_the_sweep_requeues_lost_evaluations_then_gives_up(
     attach_eval_set(adapter)
     version = make_ready_version(adapter, good_adapter_dir)
     evaluation = Evaluation.objects.get()
-    assert evaluations_sweep_stuck() == {"requeued": 0, "failed": 0}  # not late yet
+    most = 20
+    assert evaluations_sweep_stuck(most_attempts=most) == {"requeued": 0, "failed": 0}  # not late
 
     late = timezone.now() - timedelta(seconds=settings.VALIDATION_DEADLINE_SECONDS + 1)
     Evaluation.objects.filter(pk=evaluation.pk).update(created_at=late)
     sent.clear()
-    assert evaluations_sweep_stuck() == {"requeued": 1, "failed": 0}
+    assert evaluations_sweep_stuck(most_attempts=most) == {"requeued": 1, "failed": 0}
     assert sent == [(queue.EVALUATE, evaluation.pk)]
-    assert evaluations_sweep_stuck() == {"requeued": 0, "failed": 0}  # a full deadline again
+    # a full deadline again before the next
+    assert evaluations_sweep_stuck(most_attempts=most) == {"requeued": 0, "failed": 0}
 
-    most = (settings.TASK_RETRIES + 1) * settings.VALIDATION_MAX_ATTEMPTS
     Evaluation.objects.filter(pk=evaluation.pk).update(
         status="running", started_at=late, attempts=most
     )
-    assert evaluations_sweep_stuck() == {"requeued": 0, "failed": 1}
+    assert evaluations_sweep_stuck(most_attempts=most) == {"requeued": 0, "failed": 1}
     evaluation.refresh_from_db()
     version.refresh_from_db()
     assert evaluation.status == "failed" and "never finished" in evaluation.reason

@@ -8,6 +8,7 @@ replicas (and HAProxy) and stops them. Slugs are unique to this package.
 from __future__ import annotations
 
 import os
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +22,7 @@ BASE_NAME = "tiny-replicas"
 TENANT = "replicas-a"
 ADAPTERS = 12
 OPERATOR_TOKEN = "replicas-operator-token"
+KEY_PREFIX = "a11ce0000001"  # the router hashes the key's prefix: chosen, as the names are
 TARGETS = ("q_proj", "v_proj", "o_proj")
 
 
@@ -53,12 +55,26 @@ def upload_ready(adapter, folder: Path):
     return ready
 
 
+def api_key_with_prefix(tenant, prefix: str) -> str:
+    """A key whose public prefix is `prefix`: the router's affinity key includes it, so a
+    test's placement of adapters on replicas is the same on every run."""
+    from unittest import mock
+
+    from tenants import keys
+    from tenants.services import api_key_create
+
+    chosen = keys.NewKey(prefix=prefix, secret=secrets.token_urlsafe(32))
+    with mock.patch.object(keys, "generate_key", return_value=chosen):
+        _, key = api_key_create(tenant=tenant, name=prefix, scopes=["inference", "registry:read"])
+    return key
+
+
 @pytest.fixture(scope="module")
 def replica_data(django_db_setup, django_db_blocker, tmp_path_factory):
     from registry.models import BaseModel
     from registry.services.adapters import adapter_create
     from registry.services.base_models import base_model_import
-    from tenants.services import api_key_create, tenant_create
+    from tenants.services import tenant_create
 
     tmp = tmp_path_factory.mktemp("replicas")
     base_dir = make_tiny_llama(tmp / "base")
@@ -67,7 +83,7 @@ def replica_data(django_db_setup, django_db_blocker, tmp_path_factory):
         served = list(BaseModel.objects.filter(is_default=True).values_list("pk", flat=True))
         base, _ = base_model_import(name=BASE_NAME, path=base_dir, default=True)
         tenant = tenant_create(slug=TENANT, name="Replicas A")
-        _, key = api_key_create(tenant=tenant, name="all", scopes=["inference", "registry:read"])
+        key = api_key_with_prefix(tenant, KEY_PREFIX)
         for i, name in enumerate(names):
             folder = make_adapter(base_dir, tmp / name, seed=i, base_name=BASE_NAME)
             upload_ready(adapter_create(tenant=tenant, name=name, actor="test"), folder)

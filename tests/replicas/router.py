@@ -99,12 +99,12 @@ class Router:
         self.wait_servers_up(len(self.servers), timeout=timeout)
         return self
 
-    def servers_up(self) -> int:
-        """Servers the health checks see up, through the runtime API (`show stat`)."""
+    def server_rows(self) -> list[dict[str, str]]:
+        """Each server's row of the runtime API's `show stat` (status, scur, ...)."""
         import socket
 
         if not self.socket.exists():
-            return 0
+            return []
         with socket.socket(socket.AF_UNIX) as s:
             s.connect(str(self.socket))
             s.sendall(b"show stat\n")
@@ -113,14 +113,17 @@ class Router:
                 raw += chunk
         rows = raw.decode().splitlines()
         header = rows[0].lstrip("# ").split(",")
-        up = 0
-        for row in rows[1:]:
-            fields = dict(zip(header, row.split(","), strict=False))
-            if fields.get("svname") not in ("FRONTEND", "BACKEND", None) and fields.get(
-                "status", ""
-            ).startswith("UP"):
-                up += 1
-        return up
+        fields = [dict(zip(header, row.split(","), strict=False)) for row in rows[1:]]
+        return [f for f in fields if f.get("svname") not in ("FRONTEND", "BACKEND", None)]
+
+    def servers_up(self) -> int:
+        """Servers the health checks see up."""
+        return sum(row.get("status", "").startswith("UP") for row in self.server_rows())
+
+    def sessions(self) -> int:
+        """Requests the servers hold now: the bounded loads count them, so a test that needs
+        the hash's first choice waits for none before its next request."""
+        return sum(int(row.get("scur") or 0) for row in self.server_rows())
 
     def wait_servers_up(self, count: int, *, timeout: float) -> None:
         deadline = time.monotonic() + timeout

@@ -229,3 +229,101 @@ def test_a_real_worker_validates_then_evaluates_an_upload_on_the_engine(
     assert evaluation.trigger == "upload" and evaluation.eval_set.rows == 4
     assert evaluation.adapter_perplexity < evaluation.base_perplexity
     assert complete(engine_for_the_worker, gate["key"]).status_code == 200
+
+
+def test_a_base_upgrade_waits_for_the_engine_to_restart_on_it_then_passes(
+    gate, settings, monkeypatch, request
+):
+    """The README's base upgrade with a real worker and engine: `import_base_model` of a mildly
+    changed revision while the engine serves the old one (it refuses to score: 409), then
+    stops it (connections refused), then starts it on the new weights only after the worker
+    has met each several times. The re-evaluation waits through all of it, the version
+    pending and saying why, and passes."""
+    from django.core.management import call_command
+    from rest_framework.test import APIClient
+
+    from registry.models import AdapterVersion, BaseModel, Evaluation
+    from registry.services.versions import adapter_version_create
+    from tests import processes
+    from tests.waiting import wait_for
+
+    port = processes.free_port()
+    url = f"http://127.0.0.1:{port}"
+    worker_env = {
+        "LORAPLEX_ENGINE_URLS": url,
+        "LORAPLEX_OPERATOR_TOKEN": TOKEN,
+        "LORAPLEX_TASK_RETRY_BACKOFF_SECONDS": "0.1",
+        "LORAPLEX_EVAL_RETRY_MAX_SECONDS": "0.5",
+        "LORAPLEX_EVAL_WAIT_SECONDS": "900",  # a hang guard: the engine is back long before
+    }
+    for name, value in worker_env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(processes, "free_port", lambda: port)  # each `serve` at the worker's URL
+    old_url, proc, _ = serve(gate, settings)
+    assert old_url == url
+    try:
+        request.getfixturevalue("live_worker")
+        adapter_dir = gate["adapter_dir"]
+        with (
+            open(adapter_dir / "adapter_config.json", "rb") as config,
+            open(adapter_dir / "adapter_model.safetensors", "rb") as weights,
+        ):
+            version, _ = adapter_version_create(
+                adapter=gate["adapter"], config=config, weights=weights, actor="test"
+            )
+        old = gate["base"].revision
+
+        def quality(expected: str):
+            found = AdapterVersion.objects.get(pk=version.pk)
+            return found if found.quality == expected else None
+
+        first = wait_for(lambda: quality("passed"), what="the first evaluation").evaluations.get()
+        assert first.base_revision == old
+
+        gentle = noisy_copy(gate["base_dir"], gate["tmp"] / "gentle", scale=HARMLESS_NOISE)
+        call_command("import_base_model", "--hf-dir", str(gentle), "--name", NAME)
+        new = BaseModel.objects.get(name=NAME).revision
+        assert new != old
+
+        def tried(times: int, words: str):
+            def check():
+                found = Evaluation.objects.filter(version=version, base_revision=new).first()
+                if found is not None and found.attempts >= times and words in found.reason:
+                    return found
+                return None
+
+            return check
+
+        # the engine on the old weights refuses to score for the new revision: wait
+        seen = wait_for(tried(3, f"revision {old[:12]}"), what="the worker meeting the old engine")
+        api = APIClient()
+        api.credentials(HTTP_AUTHORIZATION=f"Bearer {gate['key']}")
+        shown = api.get(f"/api/v1/adapters/formatter/versions/{version.number}/").json()
+        assert shown["quality"] == "pending" and shown["quality_revision"] == new
+        assert (
+            f"evaluation pending on revision {new[:12]}…: waiting to be" in shown["quality_detail"]
+        )
+        assert shown["evaluation"]["status"] in ("queued", "running")
+
+        # restarting: nothing listens on its port
+        stop_server(proc)
+        wait_for(tried(seen.attempts + 3, "unreachable"), what="the worker meeting no engine")
+        assert quality("pending") is not None
+
+        # up again, on the new weights
+        _, proc, log = serve(gate, settings)
+        evaluation = wait_for(
+            lambda: Evaluation.objects.filter(
+                version=version, base_revision=new, status__in=Evaluation.FINISHED
+            ).first(),
+            what="the re-evaluation",
+        )
+        assert evaluation.status == "passed", evaluation.reason
+        assert evaluation.attempts >= seen.attempts + 4
+        assert evaluation.reference_perplexity == first.adapter_perplexity
+        assert evaluation.adapter_perplexity <= first.adapter_perplexity * 1.02
+        assert quality("passed").quality_revision == new
+        assert complete(url, gate["key"]).status_code == 200
+        assert "Traceback" not in log.read_text(), log.read_text()[-4000:]
+    finally:
+        stop_server(proc)
