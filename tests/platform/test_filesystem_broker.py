@@ -46,3 +46,11 @@ def test_a_message_being_written_is_not_there_yet_for_a_consumer(channel, monkey
     assert channel._get("celery") == {"body": "second"}
     with pytest.raises(Empty):
         channel._get("celery")
+
+
+def test_messages_put_within_one_clock_tick_are_read_in_order(channel, monkeypatch):
+    monkeypatch.setattr(filesystem_broker, "monotonic_ns", lambda: 1_000_000)  # a frozen clock
+    bodies = [f"message {index}" for index in range(20)]
+    for body in bodies:
+        channel._put("celery", {"body": body})
+    assert [channel._get("celery")["body"] for _ in bodies] == bodies
