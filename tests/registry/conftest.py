@@ -16,6 +16,7 @@ import pytest
 
 from registry.services.adapters import adapter_create
 from registry.services.base_models import base_model_import
+from tests.adapter_versions import create_ready_version
 from tests.peft_adapters import make_peft_adapter
 from tests.registry.peft_variants import make_variant
 from tests.tiny_llama import make_tiny_llama
@@ -266,17 +267,7 @@ def env_flag(name: str) -> bool:
 
 def make_ready_version(adapter, folder: Path, actor: str = ALICE_ACTOR):
     """A version created and validated in-process (the worker's service, called directly)."""
-    from registry.services.versions import adapter_version_create, adapter_version_validate
-
-    with (
-        open(folder / "adapter_config.json", "rb") as c,
-        open(folder / "adapter_model.safetensors", "rb") as w,
-    ):
-        version, _ = adapter_version_create(adapter=adapter, config=c, weights=w, actor=actor)
-    adapter_version_validate(version_id=version.pk)
-    version.refresh_from_db()
-    assert version.status == "ready", version.status_detail
-    return version
+    return create_ready_version(adapter, folder, actor=actor)
 
 
 # ---------------------------------------------------------------- the quality gate

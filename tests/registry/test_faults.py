@@ -22,6 +22,7 @@ from registry.services.versions import (
 )
 from registry.staging import StagingError, ensure_staged
 from registry.tasks import sweep_stuck_validations
+from tests import adapter_versions
 from tests.faults.proxy import FaultProxy
 from tests.faults.services import RedisServer
 from tests.faults.workers import start_worker, stop
@@ -30,13 +31,7 @@ from tests.waiting import wait_for
 
 
 def create_version(adapter, folder: Path) -> AdapterVersion:
-    with (
-        open(folder / "adapter_config.json", "rb") as config,
-        open(folder / "adapter_model.safetensors", "rb") as weights,
-    ):
-        return adapter_version_create(
-            adapter=adapter, config=config, weights=weights, actor=ALICE_ACTOR
-        )[0]
+    return adapter_versions.create_version(adapter, folder, actor=ALICE_ACTOR)
 
 
 def refused_port() -> int:

@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from platform_site import operator_protocol as protocol
+from tests.adapter_versions import create_ready_version, create_version
 from tests.inference.conftest import start_server, stop_server
 from tests.registry.conftest import run_evaluations
 from tests.tiny_llama import make_tiny_llama
@@ -100,18 +101,10 @@ def upgrade(gate, folder):
 
 def test_trained_adapter_is_evaluated_then_degraded_and_passed_across_base_upgrades(gate, settings):
     from registry.models import AdapterVersion
-    from registry.services.versions import adapter_version_create, adapter_version_validate
 
     adapter_dir = gate["adapter_dir"]
-    with (
-        open(adapter_dir / "adapter_config.json", "rb") as config,
-        open(adapter_dir / "adapter_model.safetensors", "rb") as weights,
-    ):
-        version, _ = adapter_version_create(
-            adapter=gate["adapter"], config=config, weights=weights, actor="test"
-        )
-    version = adapter_version_validate(version_id=version.pk)
-    assert version.status == "ready" and version.quality == "pending"
+    version = create_ready_version(gate["adapter"], adapter_dir)
+    assert version.quality == "pending"
 
     # ---- upload -> ready -> evaluated
     url, proc, log = serve(gate, settings)
@@ -243,7 +236,6 @@ def test_a_base_upgrade_waits_for_the_engine_to_restart_on_it_then_passes(
     from rest_framework.test import APIClient
 
     from registry.models import AdapterVersion, BaseModel, Evaluation
-    from registry.services.versions import adapter_version_create
     from tests import processes
     from tests.waiting import wait_for
 
@@ -263,14 +255,7 @@ def test_a_base_upgrade_waits_for_the_engine_to_restart_on_it_then_passes(
     assert old_url == url
     try:
         request.getfixturevalue("live_worker")
-        adapter_dir = gate["adapter_dir"]
-        with (
-            open(adapter_dir / "adapter_config.json", "rb") as config,
-            open(adapter_dir / "adapter_model.safetensors", "rb") as weights,
-        ):
-            version, _ = adapter_version_create(
-                adapter=gate["adapter"], config=config, weights=weights, actor="test"
-            )
+        version = create_version(gate["adapter"], gate["adapter_dir"])
         old = gate["base"].revision
 
         def quality(expected: str):
