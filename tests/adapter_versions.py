@@ -23,5 +23,5 @@ def create_ready_version(adapter, folder: Path, *, actor: str = "test"):
     from registry.services.versions import adapter_version_validate
 
     version = adapter_version_validate(version_id=create_version(adapter, folder, actor=actor).pk)
-    assert version.status == "ready", version.status_detail
+    assert version is not None and version.status == "ready", version
     return version
