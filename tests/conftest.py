@@ -54,6 +54,16 @@ def sqlite_test_transactions_begin_deferred():
 
 
 @pytest.fixture
+def private_redis(tmp_path):
+    """A Redis of the test's own (broker, cache): killing or restarting it touches no one else."""
+    from tests.faults.services import RedisServer
+
+    server = RedisServer(tmp_path).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
 def alice(db):
     return user_get_or_create(email="alice@example.com", password="alice-password-1")
 

@@ -23,7 +23,6 @@ import pytest
 
 from tests.adapter_versions import create_ready_version
 from tests.clients import chat, chat_stream, http, metric
-from tests.faults.services import RedisServer
 from tests.faults.workers import kill, start_worker, stop
 from tests.inference.conftest import start_server, stop_server
 from tests.peft_adapters import make_peft_adapter
@@ -79,13 +78,6 @@ class Outcome:
     endpoint: str = ""  # a usage record's: "chat.completions" or "completions", when admitted
     model: str = ""
     detail: str = ""
-
-
-@pytest.fixture
-def redis_server(tmp_path):
-    server = RedisServer(tmp_path).start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture
@@ -245,15 +237,15 @@ class Tenant(threading.Thread):
 
 
 def test_eight_tenants_through_worker_and_redis_restarts_lose_nothing_and_leak_nothing(
-    site, redis_server
+    site, private_redis
 ):
     from registry.models import AdapterVersion, Evaluation
     from tenants.models import UsageRecord
 
     tmp = site["tmp"]
     shared = {
-        "REDIS_URL": redis_server.url,
-        "CELERY_BROKER_URL": redis_server.url.replace("/0", "/1"),
+        "REDIS_URL": private_redis.url,
+        "CELERY_BROKER_URL": private_redis.url.replace("/0", "/1"),
     }
     shared |= {"LORAPLEX_OPERATOR_TOKEN": TOKEN, "LORAPLEX_BROKER_VISIBILITY_TIMEOUT": "60"}
     url, server, log = start_server(
@@ -300,10 +292,10 @@ def test_eight_tenants_through_worker_and_redis_restarts_lose_nothing_and_leak_n
         restart_worker("worker-1")
         at(0.5)
         began = time.monotonic()
-        redis_server.kill()  # without persistence: queued tasks and counters are gone
+        private_redis.kill()  # without persistence: queued tasks and counters are gone
         tenants[0].upload_now()  # its validation cannot be queued: the sweep finds it
         time.sleep(max(0.0, began + 3 - time.monotonic()))
-        redis_server.start()
+        private_redis.start()
         faults.append(("redis", began, time.monotonic()))
         at(0.7)
         restart_worker("worker-2")

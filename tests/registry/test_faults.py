@@ -24,7 +24,6 @@ from registry.staging import StagingError, ensure_staged
 from registry.tasks import sweep_stuck_validations
 from tests import adapter_versions
 from tests.faults.proxy import FaultProxy
-from tests.faults.services import RedisServer
 from tests.faults.workers import start_worker, stop
 from tests.registry.conftest import ALICE_ACTOR, make_ready_version, sha256_of
 from tests.waiting import wait_for
@@ -214,14 +213,6 @@ def test_storage_down_during_an_upload_is_503_and_leaves_nothing(
 
 
 @pytest.fixture
-def broker(tmp_path):
-    """A Redis of this test's own as the workers' broker: killing one loses nothing shared."""
-    server = RedisServer(tmp_path).start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
 def proxy(s3):
     """A faulty network between a worker (or this process) and moto's S3."""
     proxy = FaultProxy(s3.endpoint)
@@ -251,12 +242,12 @@ def assert_staged_intact(cache: Path, version) -> None:
 
 
 def test_a_worker_killed_mid_download_leaves_no_folder_and_the_task_goes_to_another(
-    transactional_db, s3, proxy, broker, adapter, good_adapter_dir, settings, tmp_path
+    transactional_db, s3, proxy, private_redis, adapter, good_adapter_dir, settings, tmp_path
 ):
     version = make_ready_version(adapter, good_adapter_dir)
     cache = settings.ADAPTER_CACHE_DIR
     common = {
-        "CELERY_BROKER_URL": broker.url,
+        "CELERY_BROKER_URL": private_redis.url,
         "CELERY_RESULT_BACKEND": "",
         "LORAPLEX_BROKER_VISIBILITY_TIMEOUT": "3",
     }
@@ -264,7 +255,7 @@ def test_a_worker_killed_mid_download_leaves_no_folder_and_the_task_goes_to_anot
     first = start_worker(tmp_path / "worker-1.log", AWS_S3_ENDPOINT_URL=proxy.url, **common)
     second = None
     try:
-        publish(broker.url, queue.STAGE, version.pk)
+        publish(private_redis.url, queue.STAGE, version.pk)
         taken = time.monotonic()
 
         def downloading():
@@ -294,7 +285,7 @@ def test_staging_through_failing_storage_is_retried_then_given_up_leaving_nothin
     transactional_db,
     s3,
     proxy,
-    broker,
+    private_redis,
     adapter,
     good_adapter_dir,
     second_adapter_dir,
@@ -309,7 +300,7 @@ def test_staging_through_failing_storage_is_retried_then_given_up_leaving_nothin
         log,
         AWS_S3_ENDPOINT_URL=proxy.url,
         AWS_MAX_ATTEMPTS="1",
-        CELERY_BROKER_URL=broker.url,
+        CELERY_BROKER_URL=private_redis.url,
         CELERY_RESULT_BACKEND="",
         LORAPLEX_TASK_RETRIES="2",
         LORAPLEX_TASK_RETRY_BACKOFF_SECONDS="0.2",
@@ -317,14 +308,14 @@ def test_staging_through_failing_storage_is_retried_then_given_up_leaving_nothin
     try:
         # Connections die mid-way through the weights, twice; the third attempt gets through.
         proxy.set("cut", cut_after=5000, cut_connections=2, cuts=0)
-        publish(broker.url, queue.STAGE, flaky.pk)
+        publish(private_redis.url, queue.STAGE, flaky.pk)
         wait_for(lambda: staged_folders(cache), what="staging after two cuts")
         assert proxy.cuts == 2 and log.read_text().count("Retry in") == 2
         assert_staged_intact(cache, flaky)
 
         # Every connection dies: three attempts, then the task gives up.
         proxy.set("cut", cut_after=5000, cut_connections=None, cuts=0)
-        publish(broker.url, queue.STAGE, down.pk)
+        publish(private_redis.url, queue.STAGE, down.pk)
         wait_for(
             lambda: f"{queue.STAGE}[" in log.read_text() and " raised " in log.read_text(),
             what="the task to give up",
