@@ -16,5 +16,5 @@ class InferenceConfig(AppConfig):
         from .metrics import REGISTRY, EngineCollector
 
         register_translations(ENGINE_ERRORS)
-        REGISTRY.register(EngineCollector(HOST.stats))
+        REGISTRY.register(EngineCollector(HOST.stats, HOST.served_name))
         REGISTRY.register(EvaluationCollector())  # the quality gate's, from the database

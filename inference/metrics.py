@@ -1,10 +1,12 @@
-"""Prometheus metrics: names in one place, `loraplex_` prefix, base units, `_total` counters.
+"""Prometheus metrics: names in one place, `loraplex_` prefix, base units, `_total` counters;
+and the engine's numbers that routers and dashboards read under vLLM's `vllm:` names too.
 
 Engine numbers are read from the engine's own counters at scrape time (a custom
 collector), so the step thread never touches prometheus_client. Web-layer numbers
 (requests by status and endpoint) are plain prometheus_client counters. No key, user or
-tenant ids become labels: their number is unbounded. Adapter names (`tenant/adapter`) appear
-only in the router gauge, and only when scrapers must send LORAPLEX_METRICS_TOKEN.
+tenant ids become labels: their number is unbounded. Adapter model names (what clients send
+as `model`) appear only in the router gauge, and only when scrapers must send
+LORAPLEX_METRICS_TOKEN.
 """
 
 import time
@@ -51,74 +53,138 @@ class RestageCollector:
 
 REGISTRY.register(RestageCollector())
 
+# Engine histograms: stats key -> our name, help, and the names vLLM's routers and
+# dashboards read the same series under (the older time_per_output_token is what vLLM
+# called the inter-token latency before it split the two).
 _HISTOGRAMS = {
-    "time_to_first_token": ("loraplex_time_to_first_token_seconds", "Arrival to first token."),
+    "time_to_first_token": (
+        "loraplex_time_to_first_token_seconds",
+        "Arrival to first token.",
+        ("vllm:time_to_first_token_seconds",),
+    ),
     "inter_token_latency": (
         "loraplex_inter_token_latency_seconds",
         "Time between tokens of a request.",
+        ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
     ),
-    "e2e_latency": ("loraplex_e2e_request_latency_seconds", "Arrival to finish."),
-    "queue_time": ("loraplex_request_queue_time_seconds", "Arrival to first scheduled."),
+    "e2e_latency": (
+        "loraplex_e2e_request_latency_seconds",
+        "Arrival to finish.",
+        ("vllm:e2e_request_latency_seconds",),
+    ),
+    "queue_time": (
+        "loraplex_request_queue_time_seconds",
+        "Arrival to first scheduled.",
+        ("vllm:request_queue_time_seconds",),
+    ),
     "lora_swap_in": (
         "loraplex_lora_swap_in_seconds",
         "Copying an adapter from host memory into a device slot.",
+        (),
     ),
     "lora_load": (
         "loraplex_lora_load_seconds",
         "Loading an adapter from disk (or object storage) to host memory.",
+        (),
+    ),
+}
+
+# Engine counters: stats key -> our name (without `_total`), help, vLLM's name.
+_COUNTERS = {
+    "prompt_tokens": ("loraplex_prompt_tokens", "Prompt tokens processed.", "vllm:prompt_tokens"),
+    "generation_tokens": (
+        "loraplex_generation_tokens",
+        "Tokens generated.",
+        "vllm:generation_tokens",
+    ),
+    "preemptions": (
+        "loraplex_preemptions",
+        "Requests preempted for lack of KV blocks.",
+        "vllm:num_preemptions",
     ),
 }
 
 
 class EngineCollector:
-    """Reads `stats()` of the engine hosted in this process, if any, at each scrape."""
+    """Reads `stats()` of the engine hosted in this process, if any, at each scrape. Each
+    number is recorded once, by the engine, and exported under our name and, where a router
+    or dashboard reads it, vLLM's (labelled `model_name`, the base model served, as vLLM's)."""
 
-    def __init__(self, stats_source):
+    def __init__(self, stats_source, model_name):
         self.stats_source = stats_source  # () -> dict | None
+        self.model_name = model_name  # () -> the served base model's name, once started
 
     def collect(self):
         stats = self.stats_source()
         if stats is None:
             return
-        yield _gauge(
-            "loraplex_requests_running", "Requests in the running batch.", stats["requests_running"]
-        )
-        yield _gauge(
-            "loraplex_requests_waiting",
-            "Requests waiting to be scheduled.",
-            stats["requests_waiting"],
-        )
+        vllm = _VllmNames(self.model_name())
+        running, waiting = stats["requests_running"], stats["requests_waiting"]
+        yield _gauge("loraplex_requests_running", "Requests in the running batch.", running)
+        yield vllm.gauge("vllm:num_requests_running", "Requests in the running batch.", running)
+        yield _gauge("loraplex_requests_waiting", "Requests waiting to be scheduled.", waiting)
+        yield vllm.gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled.", waiting)
         used, total = stats["kv_blocks_used"], stats["kv_blocks_total"]
+        usage = used / max(total, 1)
         yield _gauge("loraplex_kv_cache_blocks_used", "KV cache blocks in use.", used)
         yield _gauge("loraplex_kv_cache_blocks_total", "KV cache blocks in the budget.", total)
         yield _gauge(
-            "loraplex_kv_cache_usage_ratio",
-            "Share of KV cache blocks in use (0-1).",
-            used / max(total, 1),
+            "loraplex_kv_cache_usage_ratio", "Share of KV cache blocks in use (0-1).", usage
         )
-        yield _counter("loraplex_prompt_tokens", "Prompt tokens processed.", stats["prompt_tokens"])
-        yield _counter(
-            "loraplex_generation_tokens", "Tokens generated.", stats["generation_tokens"]
-        )
-        yield _counter(
-            "loraplex_preemptions",
-            "Requests preempted for lack of KV blocks.",
-            stats["preemptions"],
-        )
-        yield from _prefix_cache_metrics(stats)
-        finished = CounterMetricFamily(
-            "loraplex_requests_finished", "Finished requests by reason.", labels=["finish_reason"]
-        )
-        for reason, count in stats["finished"].items():
-            finished.add_metric([reason], count)
-        yield finished
-        for key, (name, doc) in _HISTOGRAMS.items():
+        for name in ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"):  # new, older
+            yield vllm.gauge(name, "Share of KV cache blocks in use (0-1).", usage)
+        for key, (name, doc, vllm_name) in _COUNTERS.items():
+            yield _counter(name, doc, stats[key])
+            yield vllm.counter(vllm_name, doc, stats[key])
+        yield from _prefix_cache_metrics(stats, vllm)
+        yield from _finished(stats["finished"], vllm)
+        for key, (name, doc, vllm_names) in _HISTOGRAMS.items():
             if key in stats:
                 yield _histogram(name, doc, stats[key])
+                for vllm_name in vllm_names:
+                    yield vllm.histogram(vllm_name, doc, stats[key])
         lora = stats.get("lora")
         if lora:
             yield from _lora_metrics(lora)
-        yield from _vllm_compatible(stats)
+        yield from _lora_requests_info(lora or {})
+
+
+class _VllmNames:
+    """vLLM's names label every series with the model served."""
+
+    def __init__(self, model_name: str):
+        self.labels = {"model_name": model_name}
+
+    def gauge(self, name, doc, value):
+        family = GaugeMetricFamily(name, doc, labels=list(self.labels))
+        family.add_metric(list(self.labels.values()), value)
+        return family
+
+    def counter(self, name, doc, value):
+        family = CounterMetricFamily(name, doc, labels=list(self.labels))
+        family.add_metric(list(self.labels.values()), value)
+        return family
+
+    def histogram(self, name, doc, snapshot):
+        family = HistogramMetricFamily(name, doc, labels=list(self.labels))
+        family.add_metric(list(self.labels.values()), _buckets(snapshot), snapshot["sum"])
+        return family
+
+
+def _finished(finished: dict[str, int], vllm: _VllmNames):
+    ours = CounterMetricFamily(
+        "loraplex_requests_finished", "Finished requests by reason.", labels=["finish_reason"]
+    )
+    theirs = CounterMetricFamily(
+        "vllm:request_success",
+        "Finished requests by reason.",
+        labels=[*vllm.labels, "finished_reason"],
+    )
+    for reason, count in finished.items():
+        ours.add_metric([reason], count)
+        theirs.add_metric([*vllm.labels.values(), reason], count)
+    yield ours
+    yield theirs
 
 
 def _lora_metrics(lora: dict):
@@ -161,23 +227,18 @@ def _lora_metrics(lora: dict):
     )
 
 
-# The engine's prefix cache counters, in tokens: stats key -> (our help, vLLM v1's help).
+# The engine's prefix cache counters, in tokens: stats key -> help (vLLM v1 has the same).
 _PREFIX_CACHE_COUNTERS = {
-    "prefix_cache_queries": (
-        "Prompt tokens looked up in the prefix cache.",
-        "Prefix cache queries, in queried tokens (vLLM-compatible).",
-    ),
-    "prefix_cache_hits": (
-        "Prompt tokens found in the prefix cache (not computed again).",
-        "Prefix cache hits, in cached tokens (vLLM-compatible).",
-    ),
+    "prefix_cache_queries": "Prompt tokens looked up in the prefix cache.",
+    "prefix_cache_hits": "Prompt tokens found in the prefix cache (not computed again).",
 }
 
 
-def _prefix_cache_metrics(stats: dict):
+def _prefix_cache_metrics(stats: dict, vllm: _VllmNames):
     """Counted in tokens, so hits / queries is the share of prompt tokens not recomputed."""
-    for key, (doc, _) in _PREFIX_CACHE_COUNTERS.items():
+    for key, doc in _PREFIX_CACHE_COUNTERS.items():
         yield _counter(f"loraplex_{key}", doc, stats.get(key, 0))
+        yield vllm.counter(f"vllm:{key}", doc, stats.get(key, 0))
     yield _gauge(
         "loraplex_prefix_cache_blocks",
         "KV cache blocks the prefix cache holds now.",
@@ -185,35 +246,20 @@ def _prefix_cache_metrics(stats: dict):
     )
 
 
-def _vllm_compatible(stats: dict):
-    """The gauges LoRA-aware routers (Gateway API Inference Extension, llm-d) read, and vLLM
-    v1's prefix cache counters (in tokens), under vLLM's names."""
-    yield _gauge(
-        "vllm:num_requests_waiting",
-        "Requests waiting (vLLM-compatible).",
-        stats["requests_waiting"],
-    )
-    used, total = stats["kv_blocks_used"], stats["kv_blocks_total"]
-    yield _gauge(
-        "vllm:kv_cache_usage_perc", "KV cache usage, 0-1 (vLLM-compatible).", used / max(total, 1)
-    )
-    for key, (_, doc) in _PREFIX_CACHE_COUNTERS.items():
-        yield _counter(f"vllm:{key}", doc, stats.get(key, 0))
-    lora = stats.get("lora") or {}
-    running, waiting = lora.get("running_adapters", []), lora.get("waiting_adapter_names", [])
+def _lora_requests_info(lora: dict):
+    """The gauge LoRA-aware routers (Gateway API Inference Extension, llm-d) read: the
+    adapters of running and waiting requests, by the names clients send as `model` (what
+    the router matches a request on), and the device slots."""
+    running, waiting = lora.get("running_model_names", []), lora.get("waiting_model_names", [])
     if not adapter_names_shown():
         running, waiting = [], []  # the gauge stays, for routers; the tenants' names go
     info = GaugeMetricFamily(
         "vllm:lora_requests_info",
-        "Running and waiting adapters (vLLM-compatible).",
+        "Running and waiting adapters, by the model names clients sent (vLLM-compatible).",
         labels=["running_lora_adapters", "waiting_lora_adapters", "max_lora"],
     )
     info.add_metric(
-        [
-            ",".join(running),
-            ",".join(waiting),
-            str(lora.get("slots_total", 0)),
-        ],
+        [",".join(running), ",".join(waiting), str(lora.get("slots_total", 0))],
         time.time(),  # as vLLM does: routers read the newest sample
     )
     yield info
@@ -233,11 +279,14 @@ def _counter(name, doc, value):
 
 
 def _histogram(name, doc, snapshot):
-    buckets = [
+    return HistogramMetricFamily(name, doc, buckets=_buckets(snapshot), sum_value=snapshot["sum"])
+
+
+def _buckets(snapshot) -> list[tuple[str, int]]:
+    return [
         ("+Inf" if bound == float("inf") else repr(float(bound)), count)
         for bound, count in snapshot["buckets"]
     ]
-    return HistogramMetricFamily(name, doc, buckets=buckets, sum_value=snapshot["sum"])
 
 
 def render() -> bytes:

@@ -6,11 +6,14 @@ from django.urls import path
 from platform_site import operator_protocol as protocol
 
 from .openai import views as openai_views
+from .openai.responses import views as responses_views
 from .operator import views as operator_views
 
 urlpatterns = [
     path("chat/completions", openai_views.chat_completions, name="chat-completions"),
     path("completions", openai_views.completions, name="completions"),
+    path("responses", responses_views.responses, name="responses"),
+    path("responses/<str:response_id>", responses_views.response, name="response"),
     path("models", openai_views.models, name="models"),
     path("models/<path:model_id>", openai_views.model, name="model"),  # a name may hold "/"
     path(protocol.LOAD, operator_views.load_lora_adapter, name="operator-load"),

@@ -243,6 +243,10 @@ CELERY_BEAT_SCHEDULE = {
         "task": "registry.sweep_stuck_evaluations",
         "schedule": SWEEP_INTERVAL_SECONDS,
     },
+    "inference-purge-expired-responses": {
+        "task": "inference.purge_expired_responses",
+        "schedule": SWEEP_INTERVAL_SECONDS,
+    },
 }
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 
@@ -353,6 +357,10 @@ RATE_LIMIT_TOKENS_PER_MINUTE = env.int(
 # MAX_TOKENS_CAP is refused (0: no cap but the context).
 DEFAULT_MAX_TOKENS = env.int("LORAPLEX_DEFAULT_MAX_TOKENS", default=1024)
 MAX_TOKENS_CAP = env.int("LORAPLEX_MAX_TOKENS_CAP", default=0)
+# POST /v1/responses keeps each answer (unless `store: false`) this many days for
+# `previous_response_id` and GET /v1/responses/{id}; past it a response is never served, and
+# the beat's purge deletes it.
+RESPONSES_RETENTION_DAYS = env.float("LORAPLEX_RESPONSES_RETENTION_DAYS", default=30.0)
 TENANT_MAX_CONCURRENCY = env.int(
     "LORAPLEX_TENANT_MAX_CONCURRENCY", default=32
 )  # per process; 0 = off

@@ -14,7 +14,7 @@ urlpatterns = [
     path("api/v1/", include("tenants.urls")),
     path("api/v1/", include("registry.urls")),
     path("v1/", include("inference.urls")),
-    path("", include("inference.root_urls")),  # /metrics
+    path("", include("inference.root_urls")),  # /metrics, /tokenize, /detokenize
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
     path("", include("web.urls")),  # the tenant members' pages: last, they own the root

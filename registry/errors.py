@@ -145,6 +145,11 @@ class EvaluationNotPassed(Conflict, code="evaluation_not_passed"):
     current revision (or that an operator overrode); the message says which figure failed."""
 
 
+class CanaryIsProduction(Conflict, code="canary_is_production"):
+    """A canary tries a version beside production's: pointing it at production's own version
+    would split traffic between a version and itself."""
+
+
 class InvalidTransition(Conflict, code="invalid_transition"):
     """A version's status may not move that way (a ready version is immutable)."""
 

@@ -77,9 +77,10 @@ def sse_events(response: httpx.Response) -> list[dict]:
 
 
 def metric(via, name: str) -> float:
-    """One unlabelled sample of the server's /metrics."""
+    """One sample of the server's /metrics: unlabelled, or under a vLLM name, whose only
+    label is the model served."""
     text = httpx.get(f"{url_of(via)}/metrics", timeout=TIMEOUT).text
-    match = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
+    match = re.search(rf'^{re.escape(name)}(?:\{{model_name="[^"]*"\}})? (\S+)$', text, re.M)
     assert match, f"{name} not in /metrics"
     return float(match.group(1))
 

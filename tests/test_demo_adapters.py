@@ -172,3 +172,17 @@ def test_the_training_command_refuses_bad_arguments(tmp_path):
     with pytest.raises(CommandError, match="steps"):
         call_command("train_demo_adapters", "--steps=0", f"--out={tmp_path}")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_every_demo_adapter_ships_an_eval_set_of_other_questions_in_its_style():
+    from registry.eval_sets import parse_eval_set
+
+    for adapter in DEMO_ADAPTERS:
+        data = adapter.eval_set.read_bytes()
+        rows = parse_eval_set(data, max_rows=200, max_bytes=1 << 20, param="file")
+        assert len(rows) == 12, adapter.name
+        evaluated = [json.loads(line) for line in data.decode().splitlines()]
+        assert all(TRAINED_WAY[adapter.name](r["completion"]) for r in evaluated), adapter.name
+        asked = {r["messages"][-1]["content"] for r in evaluated}
+        trained = {r["messages"][-1]["content"] for r in adapter.rows()}
+        assert len(asked) == 12 and not asked & trained, asked & trained

@@ -38,11 +38,6 @@ class ApiKeyCreateForm(forms.Form):
 
 class UsagePeriodForm(forms.Form):
     PERIODS = (7, 30, 90)
+    DEFAULT = 30
 
-    days = forms.TypedChoiceField(
-        choices=[(d, f"{d} days") for d in PERIODS],
-        coerce=int,
-        required=False,
-        # django-stubs type empty_value as str | None; Django takes (and returns) any value.
-        empty_value=30,  # type: ignore[arg-type]
-    )
+    days = forms.TypedChoiceField(choices=[(d, f"{d} days") for d in PERIODS], coerce=int)

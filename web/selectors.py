@@ -18,6 +18,7 @@ from audit.selectors import audit_event_list
 from registry.models import Adapter, AdapterVersion, Alias
 from registry.quality import factors
 from registry.selectors import adapter_list, adapter_version_list, alias_list, base_model_default
+from registry.services.aliases import alias_target_refusal, canary_refusal
 from tenants.usage import usage_totals
 
 from .charts import perplexity_bars
@@ -146,3 +147,13 @@ def evaluation_chart(version: AdapterVersion):
         max_ratio=max_ratio,
     )
     return evaluation, chart
+
+
+def alias_move_refusals(adapter: Adapter, version: AdapterVersion) -> tuple[str, str]:
+    """(why no alias may point at it, why no canary may) as the server would refuse them,
+    each "" when it may: the page disables or hides those buttons, saying why."""
+    if version.status != AdapterVersion.READY:
+        return "", ""
+    refusal = alias_target_refusal(version)
+    canary = canary_refusal(adapter, version)
+    return (refusal.message if refusal else ""), (canary.message if canary else "")

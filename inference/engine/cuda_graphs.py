@@ -11,11 +11,12 @@ they never write a real sequence's cache.
 Two graphs per step: the forward (model and logits, into one static float32 logits buffer)
 of the bucket, then the sampling graph of the bucket and the batch's mode (greedy only;
 random; random with top-k / top-p), which reads those logits. A step whose sampling needs
-host work (grammar masks) or a shape of its own (logprobs) samples eagerly from the same
-logits. Prefill and mixed steps, batches above the largest bucket, and adapters with extras
-(DoRA, embed_tokens / lm_head changes: per-adapter torch ops chosen on the host) run
-eagerly; so do batches with any adapter when the LoRA backend is not Triton (its BGMV
-kernels read each token's slot on the device; the torch reference needs host segments).
+host work (grammar masks), a shape of its own (logprobs) or tensors of the vocabulary's
+width (penalties, logit_bias, min_tokens, min_p) samples eagerly from the same logits.
+Prefill and mixed steps, batches above the largest bucket, and adapters with extras (DoRA,
+embed_tokens / lm_head changes: per-adapter torch ops chosen on the host) run eagerly; so
+do batches with any adapter when the LoRA backend is not Triton (its BGMV kernels read each
+token's slot on the device; the torch reference needs host segments).
 
 Capturing is a function (`Capture`): `CudaGraphCapture` on CUDA; tests pass
 `direct_capture`, which hands back the step itself, so the same bookkeeping runs on CPU.
@@ -146,7 +147,10 @@ class DecodeGraphs:
         pad_block: int,
         block_size: int,
         capture: Capture,
+        sampler: Sampler | None = None,
     ):
+        """`sampler` samples the steps that cannot sample on the graphs (the runner's, so
+        the token counts it keeps are one set)."""
         param = next(model.parameters())
         self.model, self.device = model, param.device
         self.sizes = capture_sizes(largest)
@@ -158,7 +162,7 @@ class DecodeGraphs:
         self.pad_slots = [pad_block * block_size + i % block_size for i in range(largest)]
         self.buffers = DecodeBuffers(largest, max_blocks, self.vocab, self.pad_slots, self.device)
         self.capture = capture
-        self.sampler = Sampler()
+        self.sampler = sampler or Sampler()
         self._forward: dict[int, Step] = {}
         self._sample: dict[tuple[int, tuple[bool, bool]], Step] = {}
 
@@ -208,10 +212,13 @@ class DecodeGraphs:
 
     def sample(self, seqs: list[Sequence], logits: torch.Tensor) -> SamplerOutput:
         """The sequences' next tokens from `forward`'s logits: on the sampling graph of the
-        bucket and mode, or eagerly when a row needs a grammar mask or logprobs."""
+        bucket and mode, or eagerly when a row needs a grammar mask, logprobs or changes to
+        its logits."""
         n = len(seqs)
+        if any(seq.grammar is not None or seq.params.adjusts_logits for seq in seqs):
+            return self.sampler(logits, seqs)
         tensors = SamplingTensors.from_seqs(seqs, self.vocab, self.device)
-        if tensors.logprobs_width is not None or any(seq.grammar is not None for seq in seqs):
+        if tensors.logprobs_width is not None:
             return self.sampler(logits, seqs)
         b = self.buffers
         for static, values in (

@@ -95,6 +95,7 @@ class LLMEngine:
             vocab_size=mc.vocab_size,
             max_model_len=self.max_model_len,
             max_seq_len=self.max_seq_len,
+            eos_token_ids=self.eos_token_ids,
             seed=self.config.seed,
             check_lora_request=self.loras.check_request,
             on_grammar_compiled=self._wake,

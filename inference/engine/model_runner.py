@@ -143,6 +143,7 @@ class ModelRunner:
             pad_block=self.num_blocks,
             block_size=self.block_size,
             capture=capture,
+            sampler=self.sampler,
         )
         self.graphs.capture_all()
         if cuda:

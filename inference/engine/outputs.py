@@ -57,7 +57,9 @@ def append_token(
     seq.token_ids.append(token_id)
     seen = len(seq.text)
     if token_id in params.stop_token_ids or (not params.ignore_eos and token_id in eos_token_ids):
-        seq.finish_reason = "stop"  # the stop token is counted but adds no text
+        seq.finish_reason = "stop"  # the stop token is counted; its text only if asked for
+        if params.include_stop_str_in_output:
+            seq.text += seq.detokenizer.push(token_id)
     else:
         seq.text += seq.detokenizer.push(token_id)
         if complete:
@@ -66,7 +68,7 @@ def append_token(
             seq.finish_reason = "length"
     if seq.finish_reason is not None:
         seq.text += seq.detokenizer.flush()
-    if params.stop:
+    if params.stop and seq.num_completion_tokens > params.min_tokens:  # none in the first ones
         _truncate_at_stop_string(seq, seen)
     if seq.finish_reason is None:
         hold = max((len(s) for s in params.stop), default=1) - 1
@@ -90,12 +92,15 @@ def append_token(
 
 
 def _truncate_at_stop_string(seq: Sequence, seen: int) -> None:
-    """Cut the text at the earliest stop string that ends in the newly added text."""
-    longest = max(len(s) for s in seq.params.stop)
+    """Cut the text at the earliest stop string that ends in the newly added text (after
+    it with include_stop_str_in_output)."""
+    stops = seq.params.stop
+    longest = max(len(s) for s in stops)
     start = max(0, seen - longest + 1)
-    hits = [i for i in (seq.text.find(s, start) for s in seq.params.stop) if i >= 0]
+    hits = [(i, len(s)) for s in stops if (i := seq.text.find(s, start)) >= 0]
     if hits:
-        seq.text = seq.text[: min(hits)]
+        at, length = min(hits)
+        seq.text = seq.text[: at + length if seq.params.include_stop_str_in_output else at]
         seq.finish_reason = "stop"
 
 

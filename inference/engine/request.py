@@ -50,8 +50,9 @@ class EngineRequest:
     sampling settings (default SamplingParams()), the adapter (None: the base model), the
     fairness key the scheduler takes turns between (a tenant), and when it arrived (default:
     when the engine takes it), and its priority (lower first: a waiting request of a lower
-    value is admitted before, and may preempt, running ones of a higher value). Written
-    `EngineRequest("r1", "Hello", params)` for text."""
+    value is admitted before, and may preempt, running ones of a higher value). `model_name`
+    is the name the client asked for (an alias, say), which routers match on in the metrics
+    (default: the adapter's name). Written `EngineRequest("r1", "Hello", params)` for text."""
 
     request_id: str
     prompt: str | None = None
@@ -62,3 +63,4 @@ class EngineRequest:
     fairness_key: str | None = None
     arrival_time: float | None = None
     priority: int = Priority.DEFAULT
+    model_name: str | None = None

@@ -26,6 +26,7 @@ class RequestIntake:
         vocab_size: int,
         max_model_len: int,
         max_seq_len: int,
+        eos_token_ids: frozenset[int],
         seed: int,
         check_lora_request: Callable[[object], None],
         on_grammar_compiled: Callable[[], None],
@@ -38,6 +39,7 @@ class RequestIntake:
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
         self.max_seq_len = max_seq_len
+        self.eos_token_ids = eos_token_ids
         self.check_lora_request = check_lora_request
         self.on_grammar_compiled = on_grammar_compiled
         self._seeds = random.Random(seed)  # for requests that give no seed of their own
@@ -58,11 +60,17 @@ class RequestIntake:
             )
         if isinstance(request.priority, bool) or not isinstance(request.priority, int):
             raise InvalidRequestError(f"priority must be an integer, got {request.priority!r}")
+        model_name = request.model_name
+        if model_name is not None and not (isinstance(model_name, str) and model_name):
+            raise InvalidRequestError(
+                f"model_name must be a non-empty string or None, got {model_name!r}"
+            )
         params = request.sampling_params
         if params is None:
             params = SamplingParams()
         elif not isinstance(params, SamplingParams):
             raise InvalidRequestError("sampling_params must be a SamplingParams")
+        self._check_token_ids(params)
         token_ids = self._prompt_tokens(request.prompt, request.prompt_token_ids)
         self._check_length(len(token_ids))
         seq = Sequence(
@@ -70,11 +78,13 @@ class RequestIntake:
             token_ids,
             params,
             seed=params.seed if params.seed is not None else self._seeds.getrandbits(63),
-            detokenizer=self.tokenizer.detokenizer(),
+            detokenizer=self.tokenizer.detokenizer(params.skip_special_tokens),
             lora_request=request.lora_request,
             fairness_key=fairness_key,
             arrival_time=request.arrival_time,
             priority=request.priority,
+            model_name=model_name,
+            eos_token_ids=self.eos_token_ids,
         )
         if params.structured_output is not None:
             self._attach_grammar(seq, params.structured_output)
@@ -90,6 +100,20 @@ class RequestIntake:
             return
         seq.grammar_future = self.structured.submit(spec)
         seq.grammar_future.add_done_callback(lambda _: self.on_grammar_compiled())
+
+    def _check_token_ids(self, params: SamplingParams) -> None:
+        """The sampling parameters' token ids index the logits: each must be in the vocabulary."""
+        vocab = self.vocab_size
+        for name, ids in (
+            ("logit_bias", params.logit_bias),
+            ("stop_token_ids", params.stop_token_ids),
+        ):
+            outside = sorted(t for t in ids if t >= vocab)
+            if outside:
+                raise InvalidRequestError(
+                    f"{name} has token id {outside[0]}, which is not in the vocabulary "
+                    f"(0..{vocab - 1})"
+                )
 
     def _prompt_tokens(
         self, prompt: str | None, prompt_token_ids: SequenceOf[int] | None

@@ -10,9 +10,11 @@ synchronises with the host nor branches on device values, so it can run in a CUD
 (the per-row parameters then live in static buffers).
 
 A row with a grammar (structured output) first has every token its grammar forbids set to
--inf (grammar_mask.py), so temperature, top-k and top-p choose among allowed tokens only;
-the other rows are untouched. Logprobs are those of the raw logits, before the grammar and
-any cut, as in vLLM: they say what the model wanted, not what it was allowed.
+-inf (grammar_mask.py), so everything after chooses among allowed tokens only; the other
+rows are untouched. Then each row's logit_bias, min_tokens and penalties, and after the
+temperature its min_p (logits_processors.py), then top-k and top-p. Logprobs are those of
+the raw logits, before the grammar and any change or cut, as vLLM's default (raw logprobs):
+they say what the model wanted, not what it was allowed.
 """
 
 from dataclasses import dataclass
@@ -20,9 +22,12 @@ from dataclasses import dataclass
 import torch
 
 from . import grammar_mask
+from .logits_processors import LogitsAdjustments, adjust, cut_min_p
 from .logprobs import TokenLogprob
 from .sampling_noise import as_int64_seed, log_exponential, row_keys
 from .sequence import Sequence
+from .token_counts import TokenCounts
+from .utils import to_device
 
 # A temperature this low is greedy: dividing by it would overflow float32 logits (vLLM does
 # the same).
@@ -50,15 +55,20 @@ class SamplingTensors:
     any_random: bool
     any_cut: bool  # a row has top_k or top_p
     logprobs_width: int | None  # the most top logprobs a row asks for; None: no row asks
+    adjustments: LogitsAdjustments | None = None  # penalties, biases, min_p; None: no row has any
 
     @classmethod
     def from_seqs(
-        cls, seqs: list[Sequence], vocab_size: int, device: torch.device
+        cls,
+        seqs: list[Sequence],
+        vocab_size: int,
+        device: torch.device,
+        token_counts: TokenCounts | None = None,
     ) -> "SamplingTensors":
         params = [seq.params for seq in seqs]
         greedy = [p.greedy or p.temperature < MIN_TEMPERATURE for p in params]
-        top_k = [p.top_k if p.top_k > 0 else vocab_size for p in params]
-        floats = _to_device(
+        top_k = [min(p.top_k, vocab_size) if p.top_k > 0 else vocab_size for p in params]
+        floats = to_device(
             [
                 [1.0 if g else p.temperature for p, g in zip(params, greedy, strict=True)],
                 [p.top_p for p in params],
@@ -66,7 +76,7 @@ class SamplingTensors:
             torch.float32,
             device,
         )
-        ints = _to_device(
+        ints = to_device(
             [
                 top_k,
                 [as_int64_seed(seq.seed) for seq in seqs],
@@ -88,31 +98,49 @@ class SamplingTensors:
             any_random=bool(random_rows),
             any_cut=any(top_k[i] < vocab_size or params[i].top_p < 1 for i in random_rows),
             logprobs_width=max(widths) if widths else None,
+            adjustments=LogitsAdjustments.from_seqs(seqs, vocab_size, device, token_counts),
         )
 
 
 class Sampler:
+    """Keeps the penalised sequences' token counts (token_counts.py) from step to step."""
+
+    def __init__(self) -> None:
+        self.token_counts: TokenCounts | None = None  # made on the first logits it sees
+
     def __call__(self, raw_logits: torch.Tensor, seqs: list[Sequence]) -> SamplerOutput:
         logits = raw_logits
         constrained = [(i, g) for i, seq in enumerate(seqs) if (g := seq.grammar) is not None]
         if constrained:
             rows, matchers = zip(*constrained, strict=True)
             logits = grammar_mask.mask_logits(raw_logits, list(rows), list(matchers))
-        tensors = SamplingTensors.from_seqs(seqs, raw_logits.shape[-1], raw_logits.device)
+        vocab, device = raw_logits.shape[-1], raw_logits.device
+        counts = self.token_counts
+        if counts is None or (counts.vocab_size, counts.device) != (vocab, device):
+            counts = self.token_counts = TokenCounts(vocab, device)
+        tensors = SamplingTensors.from_seqs(seqs, vocab, device, counts)
         packed = sample(logits, raw_logits, tensors)
+        if tensors.adjustments is not None:
+            tensors.adjustments.count(packed[:, 0].long())
         return unpack(packed.tolist(), seqs, tensors.logprobs_width)  # the step's one copy
 
 
 def sample(
     logits: torch.Tensor, raw_logits: torch.Tensor, tensors: SamplingTensors
 ) -> torch.Tensor:
-    """The chosen tokens of `logits` ([rows, vocab] float32, grammar masks applied), and
-    with `tensors.logprobs_width` W their logprobs under `raw_logits`, packed in one float64
-    [rows, 1] or [rows, 2 + 2W] tensor: token, its logprob, W top ids, W top logprobs
-    (float64 holds token ids and float32 values exactly)."""
+    """The chosen tokens of `logits` ([rows, vocab] float32, grammar masks applied, and
+    `tensors.adjustments` applied here), and with `tensors.logprobs_width` W their
+    logprobs under `raw_logits`, packed in one float64 [rows, 1] or [rows, 2 + 2W] tensor:
+    token, its logprob, W top ids, W top logprobs (float64 holds token ids and float32
+    values exactly)."""
+    adjustments = tensors.adjustments
+    if adjustments is not None:
+        logits = adjust(logits, adjustments)
     tokens = logits.argmax(dim=-1)
     if tensors.any_random:
         scaled = logits / tensors.temperature[:, None]
+        if adjustments is not None and adjustments.min_p is not None:
+            scaled = cut_min_p(scaled, adjustments.min_p)
         if tensors.any_cut:
             scaled = _cut(scaled, tensors.top_k, tensors.top_p)
         noise = log_exponential(row_keys(tensors.seeds, tensors.steps), logits.shape[-1])
@@ -145,27 +173,17 @@ def unpack(rows: list[list[float]], seqs: list[Sequence], width: int | None) -> 
 
 
 def _cut(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """-inf outside each row's top-k, then outside its nucleus: a token goes once the more
-    likely ones already reach top_p (the most likely always stays)."""
+    """-inf below each row's k-th largest logit (ties with it stay, as in transformers'
+    TopKLogitsWarper and vLLM), then outside its nucleus: a token goes once the more likely
+    ones already reach top_p (the most likely always stays; top_p 1 cuts nothing)."""
     vocab = logits.shape[-1]
     ordered, order = logits.sort(dim=-1, descending=True)
     rank = torch.arange(vocab, device=logits.device)
-    cut = rank[None, :] >= top_k[:, None]  # top_k >= 1: the first is never cut
+    cut = ordered < ordered.gather(1, top_k[:, None] - 1)  # 1 <= top_k <= vocab
     sorted_probs = ordered.masked_fill(cut, float("-inf")).softmax(dim=-1)
     before = sorted_probs.cumsum(dim=-1) - sorted_probs
-    cut |= (before >= top_p[:, None]) & (rank > 0)[None, :]
+    cut |= (before >= top_p[:, None]) & (rank > 0)[None, :] & (top_p < 1)[:, None]
     return logits.masked_fill(torch.empty_like(cut).scatter_(1, order, cut), float("-inf"))
-
-
-def _to_device(
-    values: list[list[float]] | list[list[int]], dtype: torch.dtype, device: torch.device
-) -> torch.Tensor:
-    """A host list on `device`. To CUDA through pinned memory and without blocking: a plain
-    copy from pageable memory would wait for the device to finish its queued work."""
-    host = torch.tensor(values, dtype=dtype)
-    if device.type != "cuda":
-        return host.to(device)
-    return host.pin_memory().to(device, non_blocking=True)
 
 
 def prompt_logprobs(seq: Sequence, first_position: int, logits: torch.Tensor) -> None:
@@ -179,7 +197,7 @@ def prompt_logprobs(seq: Sequence, first_position: int, logits: torch.Tensor) ->
         seq.prompt_logprobs.append(None)
     logprobs = logits.log_softmax(dim=-1)
     targets = seq.token_ids[first_position + 1 : first_position + 1 + logits.shape[0]]
-    index = _to_device([targets], torch.int64, logits.device).view(-1, 1)
+    index = to_device([targets], torch.int64, logits.device).view(-1, 1)
     chosen = logprobs.gather(1, index)
     ranks = (logprobs > chosen).sum(dim=-1, keepdim=True).add_(1)
     columns = [chosen.double(), ranks.double()]

@@ -40,16 +40,23 @@ class Sequence:
         fairness_key: str | None = None,
         arrival_time: float | None = None,
         priority: int = 0,
+        model_name: str | None = None,
+        eos_token_ids: frozenset[int] = frozenset(),
     ):
         self.request_id = request_id
         self.token_ids = list(prompt_token_ids)
         self.num_prompt_tokens = len(self.token_ids)
         self.params = params
         self.lora_request = lora_request  # None: the base model
+        self.model_name = model_name  # what the client called it, for routers (request.py)
         self.lora_slot = -1  # device slot of its adapter while running; -1: none
         self.fairness_key = fairness_key  # the scheduler takes turns between keys (tenants)
         self.seed = seed  # its sampling noise is a function of this and the token index
         self.detokenizer = detokenizer
+        # what it may not sample before min_tokens: its stop tokens, the model's end unless
+        # ignored (logits_processors.py)
+        held = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_token_ids))
+        self.held_token_ids = sorted(held) if params.min_tokens else []
         self.status = SequenceStatus.WAITING
         self.priority = priority  # lower first (request.py)
         self.block_table: list[int] = []

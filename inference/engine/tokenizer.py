@@ -194,6 +194,12 @@ class Tokenizer:
         self._check_ids(ids)
         return self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
+    def token_strings(self, ids: list[int]) -> list[str]:
+        """Each id's vocabulary entry as stored (a byte-level `Ġthe`, say), not decoded text:
+        what a client inspecting the tokenization wants to see."""
+        self._check_ids(ids)
+        return [self._backend.id_to_token(token_id) or "" for token_id in ids]
+
     def _check_ids(self, ids: Iterable[object]) -> None:
         for token_id in ids:
             if isinstance(token_id, bool) or not isinstance(token_id, int):

@@ -28,3 +28,16 @@ def default_dtype(dtype: torch.dtype) -> Iterator[None]:
         yield
     finally:
         torch.set_default_dtype(previous)
+
+
+def to_device(
+    values: list[float] | list[int] | list[list[float]] | list[list[int]],
+    dtype: torch.dtype,
+    device: torch.device,
+) -> torch.Tensor:
+    """A host list on `device`. To CUDA through pinned memory and without blocking: a plain
+    copy from pageable memory would wait for the device to finish its queued work."""
+    host = torch.tensor(values, dtype=dtype)
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)

@@ -82,7 +82,8 @@ class EngineHost:
                     "This replica serves the control plane only (LORAPLEX_ENGINE=off)."
                 )
             try:
-                self.engine, self.model = _build_engine(on_failure=self._engine_failed)
+                engine, self.model = _build_engine(on_failure=self._engine_failed)
+                self.engine = engine  # after the model: a started engine's name is known
                 self.error = None
             except EngineUnavailable as exc:
                 self.error = str(exc)

@@ -5,10 +5,10 @@ for every endpoint that generates (serving_chat.py, serving_completion.py say wh
 resolution, tokenizing) before anything reaches the engine, so a refusal costs the engine
 nothing. Rendering and tokenizing a prompt run in a worker thread (a megabyte takes the best
 part of a second), after a length check that needs no tokenizer. The request then fans out
-into `n` engine requests, one per choice, read as one stream of `(choice index, output)`
-(choices.py). `respond_json` and `respond_stream` drive that stream; every request, however
-it ends (even a client gone before its stream began), leaves one usage record and releases
-its concurrency slot, once.
+into engine requests, `n` choices (or `best_of` candidates) for each of its prompts
+(fan_out.py), read as one stream of `(choice index, output)` (choices.py). `respond_json`
+and `respond_stream` drive that stream; every request, however it ends (even a client gone
+before its stream began), leaves one usage record and releases its concurrency slot, once.
 """
 
 import asyncio
@@ -37,8 +37,11 @@ from tenants.principal import Principal
 from .choices import ChoiceStreams
 from .completion_builder import SSE_DONE, CompletionBuilder, sse
 from .constraints import compile_constraint
+from .echo import EchoedPrompt, echoed_prompts
+from .fan_out import candidate_kwargs, candidates
 from .max_tokens import max_tokens_for
 from .protocol import GenerationRequest, load_json
+from .sampling_options import check_min_tokens, check_token_ids
 
 if TYPE_CHECKING:
     from inference.engine import AsyncLLMEngine, LLMEngine
@@ -47,23 +50,28 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class Endpoint:
     """What sets one generating endpoint apart: how its body reads, what it refuses that the
-    model cannot do, and how its prompt becomes token ids."""
+    model cannot do, and how its prompts become token ids."""
 
     kind: str  # the builder's and the metrics' name: "chat" or "text"
     usage_name: str  # the endpoint a usage record names
     parse: Callable[[dict], GenerationRequest]
-    prompt_ids: Callable[["LLMEngine", GenerationRequest], list[int]]
+    # Each prompt's token ids: one prompt, or a completions batch of them.
+    prompt_ids: Callable[["LLMEngine", GenerationRequest], list[list[int]]]
     check: Callable[[GenerationRequest, "LLMEngine"], None] = lambda parsed, llm: None
+    # What the request refers to, read for this caller once it is known and within its limits
+    # (the Responses API: the stored conversation a `previous_response_id` continues).
+    context: Callable[[GenerationRequest, Principal], None] = lambda parsed, principal: None
 
 
 @dataclass
 class Prepared:
     endpoint: Endpoint
+    parsed: GenerationRequest
     principal: Principal
     resolved: ResolvedModel
     engine: "AsyncLLMEngine"
-    prompt_ids: list[int]
-    params: list[SamplingParams]  # one per choice
+    prompt_ids: list[list[int]]  # each prompt's
+    params: list[SamplingParams]  # one per engine request, prompt-major (fan_out.py)
     builder: CompletionBuilder
     include_usage: bool
     stream: bool
@@ -71,8 +79,8 @@ class Prepared:
     started: float = field(default_factory=time.monotonic)
     first_token_at: float | None = None
     outputs: ChoiceStreams = field(init=False)  # set by prepare() once the engine took them
-    finished: bool = False  # _finish ran: the slot is released and the usage recorded
-    reservation: ratelimit.Reservation | None = None  # tokens set aside, settled by _finish
+    finished: bool = False  # finish() ran: the slot is released and the usage recorded
+    reservation: ratelimit.Reservation | None = None  # tokens set aside, settled by finish()
 
     @property
     def kind(self) -> str:
@@ -85,28 +93,39 @@ async def prepare(request, endpoint: Endpoint) -> Prepared:
     parsed = await sync_to_async(_parse, thread_sensitive=False)(endpoint, request)
     await sync_to_async(ratelimit.check_request_rate)(principal=principal)
     await sync_to_async(ratelimit.check_token_budget)(tenant_id=principal.tenant.id)
+    await sync_to_async(endpoint.context)(parsed, principal)
     engine = await HOST.started_engine()
     resolved = await sync_to_async(resolve_model)(
         tenant=principal.tenant, name=parsed.model, base_model_name=HOST.served_name()
     )
     llm = engine.engine
     endpoint.check(parsed, llm)
+    check_token_ids(parsed.sampling, llm.config.model_config.vocab_size)
     refuse_overlong_text(parsed, llm)
     prompt_ids = await sync_to_async(endpoint.prompt_ids, thread_sensitive=False)(llm, parsed)
-    max_tokens = _max_tokens(parsed, llm, len(prompt_ids))
-    refuse_oversized_answer(parsed, endpoint, len(prompt_ids), max_tokens)
+    assert all(isinstance(ids, list) for ids in prompt_ids), "a list of token ids per prompt"
+    lengths = [len(ids) for ids in prompt_ids]
+    max_tokens = [_max_tokens(parsed, llm, length) for length in lengths]
+    check_min_tokens(parsed.sampling, min(max_tokens), parsed.max_tokens_param)
+    refuse_oversized_answer(parsed, endpoint, lengths, max_tokens)
+    params = await _sampling_params(parsed, engine, max_tokens)
+    echoes = None
+    if parsed.echo and parsed.prompts is not None:
+        echo = sync_to_async(echoed_prompts, thread_sensitive=False)
+        echoes = await echo(llm.tokenizer, parsed.prompts, prompt_ids)
     prepared = Prepared(
         endpoint=endpoint,
+        parsed=parsed,
         principal=principal,
         resolved=resolved,
         engine=engine,
         prompt_ids=prompt_ids,
-        params=await _sampling_params(parsed, engine, max_tokens),
-        builder=_builder(endpoint, parsed, llm),
+        params=params,
+        builder=_builder(endpoint, parsed, llm, lengths, echoes),
         include_usage=parsed.include_usage,
         stream=parsed.stream,
     )
-    await _admit(prepared, tokens=len(prompt_ids) + parsed.n * max_tokens)
+    await _admit(prepared, tokens=sum(lengths) + sum(p.max_tokens for p in params))
     return prepared
 
 
@@ -140,19 +159,27 @@ def _max_tokens(parsed: GenerationRequest, llm: "LLMEngine", prompt_tokens: int)
 
 
 async def _sampling_params(
-    parsed: GenerationRequest, engine: "AsyncLLMEngine", max_tokens: int
+    parsed: GenerationRequest, engine: "AsyncLLMEngine", max_tokens: list[int]
 ) -> list[SamplingParams]:
-    """One per choice; the JSON the output must be is compiled here, off the event loop."""
+    """One per engine request (each prompt's candidates, with that prompt's budget); the
+    JSON the output must be is compiled here, off the event loop."""
     constrained: dict = {}
     if parsed.constraint is not None:
         constrained["structured_output"] = await compile_constraint(engine, parsed.constraint)
     return [
-        SamplingParams(max_tokens=max_tokens, **parsed.sampling_kwargs(choice), **constrained)
-        for choice in range(parsed.n)
+        SamplingParams(**candidate_kwargs(parsed, candidate, budget), **constrained)
+        for budget in max_tokens
+        for candidate in range(candidates(parsed))
     ]
 
 
-def _builder(endpoint: Endpoint, parsed: GenerationRequest, llm: "LLMEngine") -> CompletionBuilder:
+def _builder(
+    endpoint: Endpoint,
+    parsed: GenerationRequest,
+    llm: "LLMEngine",
+    prompt_lengths: list[int],
+    echoes: list[EchoedPrompt] | None,
+) -> CompletionBuilder:
     return CompletionBuilder(
         kind=endpoint.kind,
         model=parsed.model,
@@ -160,6 +187,12 @@ def _builder(endpoint: Endpoint, parsed: GenerationRequest, llm: "LLMEngine") ->
         n=parsed.n,
         prompt_logprobs=parsed.prompt_logprobs,
         tool_use=parsed.tool_use,
+        prompts=len(prompt_lengths),
+        best_of=parsed.best_of,
+        echo=echoes,
+        echo_only=parsed.echo and parsed.max_tokens == 0,
+        prompt_lengths=prompt_lengths,
+        continuous_usage=parsed.continuous_usage,
         decode_token=lambda tid: llm.tokenizer.decode([tid], skip_special_tokens=False),
     )
 
@@ -182,29 +215,34 @@ async def _admit(prepared: Prepared, *, tokens: int) -> None:
 
 
 def refuse_oversized_answer(
-    parsed: GenerationRequest, endpoint: Endpoint, prompt_tokens: int, max_tokens: int
+    parsed: GenerationRequest, endpoint: Endpoint, prompt_tokens: list[int], max_tokens: list[int]
 ) -> None:
     """An answer's logprobs are known in count before a token is generated: one that would
-    run to hundreds of megabytes is refused, naming the parameter that makes it so."""
+    run to hundreds of megabytes is refused, naming the parameter that makes it so. Counted
+    over the whole request: every prompt of a batch (`prompt_tokens`, `max_tokens`: each
+    one's), every returned choice."""
     limit = settings.MAX_LOGPROB_ENTRIES
     # The prompt's logprobs are computed once; the completions API repeats them per choice.
     copies = parsed.n if endpoint.kind == "text" else 1
+    # With echo, each choice's logprobs cover its prompt's tokens before its own.
+    tokens = sum(max_tokens) + (sum(prompt_tokens) if parsed.echo else 0)
     parts = {
         "prompt_logprobs": 0
         if parsed.prompt_logprobs is None
-        else prompt_tokens * (1 + parsed.prompt_logprobs) * copies,
+        else sum(prompt_tokens) * (1 + parsed.prompt_logprobs) * copies,
         _logprobs_param(endpoint): 0
         if parsed.logprobs is None
-        else parsed.n * max_tokens * (1 + parsed.logprobs),
+        else parsed.n * tokens * (1 + parsed.logprobs),
     }
     entries = sum(parts.values())
     if limit and entries > limit:
         param = max(parts, key=lambda name: parts[name])
+        prompts = f" in {len(prompt_tokens)} prompts" if len(prompt_tokens) > 1 else ""
         raise ProtocolError(
             f"The answer would hold {entries} logprob entries ({param}: {parts[param]}, over "
-            f"{prompt_tokens} prompt tokens, {parsed.n} choices and up to {max_tokens} tokens "
-            f"each); at most {limit} (LORAPLEX_MAX_LOGPROB_ENTRIES). Lower {param}, n or "
-            f"{parsed.max_tokens_param}.",
+            f"{sum(prompt_tokens)} prompt tokens{prompts}, {parsed.n} choices and up to "
+            f"{max(max_tokens)} tokens each); at most {limit} (LORAPLEX_MAX_LOGPROB_ENTRIES). "
+            f"Lower {param}, n or {parsed.max_tokens_param}.",
             param=param,
         )
 
@@ -220,17 +258,26 @@ def _prompt_param(parsed: GenerationRequest) -> str:
 def refuse_overlong_text(parsed: GenerationRequest, llm: "LLMEngine") -> None:
     """No token covers more than `max_token_chars` characters, so a longer text cannot fit
     the context however it tokenizes: refuse it without spending a second tokenizing it."""
-    if isinstance(parsed.prompt, list):
-        size, unit, bound = len(parsed.prompt), "tokens", llm.max_seq_len - 1
+    if parsed.prompts is None:
+        size = sum(len(m["content"] or "") for m in parsed.messages or [])
+        _refuse_longer(llm, size, "characters", "The prompt", _prompt_param(parsed))
+        return
+    for i, prompt in enumerate(parsed.prompts):  # a completion's: each prompt on its own
+        where = f"prompt[{i}]" if len(parsed.prompts) > 1 else "The prompt"
+        unit = "tokens" if isinstance(prompt, list) else "characters"
+        _refuse_longer(llm, len(prompt), unit, where, "prompt")
+
+
+def _refuse_longer(llm: "LLMEngine", size: int, unit: str, where: str, param: str) -> None:
+    if unit == "tokens":
+        bound = llm.max_seq_len - 1
     else:
-        texts = [m["content"] for m in parsed.messages] if parsed.messages else [parsed.prompt]
-        size, unit = sum(len(t or "") for t in texts), "characters"
         bound = llm.max_seq_len * llm.tokenizer.max_token_chars
     if size > bound:
         raise ContextLengthExceeded(
-            f"The prompt is {size} {unit}; this model's context holds {llm.max_seq_len} tokens "
+            f"{where} is {size} {unit}; this model's context holds {llm.max_seq_len} tokens "
             "including at least one generated token.",
-            param=_prompt_param(parsed),
+            param=param,
         )
 
 
@@ -240,12 +287,14 @@ def _finish_when_the_request_ends(prepared: Prepared) -> None:
     request's end comes after every task serving it has ended (platform_site/request_end.py):
     unfinished then, nobody read the outputs."""
 
-    on_request_end(lambda: _finish(prepared, UsageRecord.ABORTED))
+    on_request_end(lambda: finish(prepared, UsageRecord.ABORTED))
 
 
 def _start(prepared: Prepared) -> ChoiceStreams:
-    """One engine request per choice, on the same prompt tokens, adapter and fairness key
-    (the tenant). If the engine refuses one, those already queued are aborted."""
+    """One engine request per candidate of each prompt (fan_out.py), on that prompt's
+    tokens, the same adapter and fairness key (the tenant). If the engine refuses one, those
+    already queued are aborted."""
+    per_prompt = len(prepared.params) // len(prepared.prompt_ids)
     streams = []
     try:
         for choice, params in enumerate(prepared.params):
@@ -254,9 +303,10 @@ def _start(prepared: Prepared) -> ChoiceStreams:
                     EngineRequest(
                         f"{prepared.request_id}-{choice}",
                         sampling_params=params,
-                        prompt_token_ids=prepared.prompt_ids,
+                        prompt_token_ids=prepared.prompt_ids[choice // per_prompt],
                         lora_request=prepared.resolved.lora_request,
                         fairness_key=str(prepared.principal.tenant.id),
+                        model_name=prepared.resolved.requested,
                     )
                 )
             )
@@ -271,7 +321,7 @@ async def respond_json(prepared: Prepared) -> dict:
     status = UsageRecord.ERROR
     try:
         async for index, out in prepared.outputs:
-            _note_first_token(prepared, out)
+            note_first_token(prepared, out)
             prepared.builder.add(index, out)
         status = UsageRecord.ABORTED if prepared.builder.aborted else UsageRecord.OK
         return prepared.builder.final_body()
@@ -279,7 +329,7 @@ async def respond_json(prepared: Prepared) -> dict:
         status = UsageRecord.ABORTED
         raise
     finally:
-        _finish(prepared, status)
+        finish(prepared, status)
 
 
 async def respond_stream(prepared: Prepared):
@@ -292,7 +342,7 @@ async def respond_stream(prepared: Prepared):
             for role_chunk in builder.first_chunks():
                 yield sse(role_chunk)
         async for index, out in prepared.outputs:
-            _note_first_token(prepared, out)
+            note_first_token(prepared, out)
             chunk = builder.add(index, out)
             if chunk is not None:
                 yield sse(chunk)
@@ -309,15 +359,18 @@ async def respond_stream(prepared: Prepared):
         yield sse(error_body(to_api_error(exc)))
         yield SSE_DONE
     finally:
-        _finish(prepared, status)
+        finish(prepared, status)
 
 
-def _note_first_token(prepared: Prepared, out):
+def note_first_token(prepared: Prepared, out):
     if prepared.first_token_at is None and out.new_token_ids:
         prepared.first_token_at = time.monotonic()
 
 
-def _finish(prepared: Prepared, status: str):
+def finish(prepared: Prepared, status: str):
+    """Once, however the request ended: the choices still running aborted, the slot released,
+    the unused tokens given back, one usage record queued (an endpoint that builds its own
+    answer from `prepared.outputs` calls it the same way)."""
     if prepared.finished:
         return
     prepared.finished = True
@@ -326,7 +379,7 @@ def _finish(prepared: Prepared, status: str):
     b = prepared.builder
     ratelimit.settle_tokens(
         prepared.reservation,
-        used=(b.prompt_tokens or len(prepared.prompt_ids)) + b.completion_tokens,
+        used=b.prompt_tokens + b.completion_tokens,
     )
     HTTP_REQUESTS.labels(endpoint=prepared.kind, status=status).inc()
     now = time.monotonic()
@@ -337,7 +390,7 @@ def _finish(prepared: Prepared, status: str):
         adapter_version_id=prepared.resolved.version.id if prepared.resolved.version else None,
         model=b.model,
         endpoint=prepared.endpoint.usage_name,
-        prompt_tokens=b.prompt_tokens or len(prepared.prompt_ids),
+        prompt_tokens=b.prompt_tokens,
         completion_tokens=b.completion_tokens,
         ttft_ms=int((prepared.first_token_at - prepared.started) * 1000)
         if prepared.first_token_at

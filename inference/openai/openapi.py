@@ -11,12 +11,21 @@ from inference.openapi_common import ERROR_SCHEMAS, KEY_OR_SESSION
 from inference.openapi_common import errors as _errors
 from inference.openapi_common import ref as _ref
 
+from .prompts import MAX_PROMPTS
 from .protocol import (
     MAX_CHOICES,
     MAX_COUNT,
+    MAX_ENGINE_REQUESTS,
     MAX_SEED,
     MAX_STOP_SEQUENCES,
     MAX_TOP_LOGPROBS,
+)
+from .sampling_options import (
+    MAX_BIAS,
+    MAX_LOGIT_BIAS_ENTRIES,
+    MAX_PENALTY,
+    MAX_REPETITION_PENALTY,
+    MAX_STOP_TOKEN_IDS,
 )
 from .tools import MAX_TOOLS
 
@@ -33,7 +42,13 @@ _SAMPLING = {
     "stream": {"type": "boolean", "default": False},
     "stream_options": {
         "type": "object",
-        "properties": {"include_usage": {"type": "boolean"}},
+        "properties": {
+            "include_usage": {"type": "boolean"},
+            "continuous_usage_stats": {
+                "type": "boolean",
+                "description": "vLLM's: every token chunk carries the usage so far.",
+            },
+        },
         "additionalProperties": False,
     },
     "temperature": {"type": "number", "minimum": 0, "maximum": 2},
@@ -63,6 +78,79 @@ _SAMPLING = {
         ]
     },
     "ignore_eos": {"type": "boolean", "default": False},
+    "presence_penalty": {
+        "type": "number",
+        "minimum": -MAX_PENALTY,
+        "maximum": MAX_PENALTY,
+        "default": 0,
+        "nullable": True,
+        "description": "Subtracted from the logit of every token already in the completion.",
+    },
+    "frequency_penalty": {
+        "type": "number",
+        "minimum": -MAX_PENALTY,
+        "maximum": MAX_PENALTY,
+        "default": 0,
+        "nullable": True,
+        "description": "Subtracted from a token's logit once per time it is in the completion.",
+    },
+    "logit_bias": {
+        "type": "object",
+        "nullable": True,
+        "maxProperties": MAX_LOGIT_BIAS_ENTRIES,
+        "additionalProperties": {"type": "number", "minimum": -MAX_BIAS, "maximum": MAX_BIAS},
+        "description": "Token id (as a string) to a bias added to its logit; an id outside "
+        "the model's vocabulary is a 400. A structured output's grammar still forbids what "
+        "it forbids.",
+    },
+    "repetition_penalty": {
+        "type": "number",
+        "minimum": 0,
+        "exclusiveMinimum": True,
+        "maximum": MAX_REPETITION_PENALTY,
+        "default": 1,
+        "nullable": True,
+        "description": "vLLM's extension: divides the positive logits (multiplies the negative "
+        "ones) of tokens in the prompt or the completion; 1 is none.",
+    },
+    "min_p": {
+        "type": "number",
+        "minimum": 0,
+        "maximum": 1,
+        "default": 0,
+        "nullable": True,
+        "description": "vLLM's extension: drops tokens less likely than `min_p` times the most "
+        "likely one (after temperature).",
+    },
+    "min_tokens": {
+        "type": "integer",
+        "minimum": 0,
+        "maximum": MAX_COUNT,
+        "default": 0,
+        "nullable": True,
+        "description": "vLLM's extension: end-of-sequence, `stop_token_ids` and `stop` strings "
+        "wait until this many tokens; at most `max_tokens`.",
+    },
+    "stop_token_ids": {
+        "type": "array",
+        "nullable": True,
+        "items": {"type": "integer", "minimum": 0},
+        "maxItems": MAX_STOP_TOKEN_IDS,
+        "description": "vLLM's extension: token ids that end the answer (finish_reason `stop`).",
+    },
+    "skip_special_tokens": {
+        "type": "boolean",
+        "default": True,
+        "nullable": True,
+        "description": "vLLM's extension: false writes special tokens into the text.",
+    },
+    "include_stop_str_in_output": {
+        "type": "boolean",
+        "default": False,
+        "nullable": True,
+        "description": "vLLM's extension: the stop string (or stop token's text) stays at the "
+        "end of the text.",
+    },
     "n": {
         "type": "integer",
         "minimum": 1,
@@ -117,6 +205,12 @@ _SAMPLING = {
             },
         ],
     },
+}
+_TOKEN_IDS = {
+    "type": "array",
+    "items": {"type": "integer", "minimum": 0},
+    "minItems": 1,
+    "description": "Token ids.",
 }
 _MAX_TOKENS_BOUNDS = (
     "At most the deployment's cap (LORAPLEX_MAX_TOKENS_CAP, when set; more is a 400) and what "
@@ -277,23 +371,53 @@ SCHEMAS: dict[str, dict[str, Any]] = {
         "properties": {
             **_SAMPLING,
             "prompt": {
+                "description": "A text, token ids, or a batch of either: each prompt of a "
+                f"batch gets `n` choices, prompt p's choice j at index p * n + j. At most "
+                f"{MAX_PROMPTS} prompts, and {MAX_ENGINE_REQUESTS} prompts times `best_of` "
+                "(or `n`).",
                 "oneOf": [
                     {"type": "string", "minLength": 1},
+                    _TOKEN_IDS,
                     {
                         "type": "array",
-                        "items": {"type": "integer", "minimum": 0},
+                        "items": {"type": "string", "minLength": 1},
                         "minItems": 1,
-                        "description": "Token ids.",
+                        "maxItems": MAX_PROMPTS,
                     },
-                ]
+                    {
+                        "type": "array",
+                        "items": _TOKEN_IDS,
+                        "minItems": 1,
+                        "maxItems": MAX_PROMPTS,
+                    },
+                ],
             },
             "max_tokens": {
                 **_MAX_TOKENS,
+                "minimum": 0,
                 "default": 16,
                 "description": "Unset: 16, as OpenAI's; null: the deployment's default "
-                "(LORAPLEX_DEFAULT_MAX_TOKENS). " + _MAX_TOKENS_BOUNDS,
+                "(LORAPLEX_DEFAULT_MAX_TOKENS); 0 only with `echo` (the prompt alone). "
+                + _MAX_TOKENS_BOUNDS,
             },
             "logprobs": {"type": "integer", "minimum": 0, "maximum": MAX_TOP_LOGPROBS},
+            "echo": {
+                "type": "boolean",
+                "default": False,
+                "nullable": True,
+                "description": "Each choice's text begins with its prompt; with `logprobs`, so "
+                "do its logprobs (the first prompt token's `token_logprobs` and `top_logprobs` "
+                "entries are null: it has no context).",
+            },
+            "best_of": {
+                "type": "integer",
+                "minimum": 1,
+                "maximum": MAX_CHOICES,
+                "nullable": True,
+                "description": "Candidates generated per prompt, of which the `n` with the "
+                "highest cumulative logprob are returned; at least `n`, and not above `n` "
+                "with `stream`. Usage counts every candidate's tokens.",
+            },
         },
     },
     "Usage": {
@@ -371,6 +495,12 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                 "nullable": True,
                 "description": "An adapter's base model; null for the base model itself.",
             },
+            "max_model_len": {
+                "type": "integer",
+                "nullable": True,
+                "description": "vLLM's: prompt plus completion tokens the engine serving this "
+                "model's base holds; null for a base this replica does not serve.",
+            },
         },
     },
     "ModelList": {
@@ -417,7 +547,9 @@ PATHS: dict[str, dict] = {
         "chat_completions",
     ),
     "/v1/completions": _generation(
-        "Completion of a plain prompt (text or token ids)", "CompletionRequest", "completions"
+        "Completion of a plain prompt (text or token ids), or of a batch of them",
+        "CompletionRequest",
+        "completions",
     ),
     "/v1/models": {
         "get": {

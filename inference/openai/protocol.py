@@ -2,8 +2,9 @@
 can't honour.
 
 Pure functions, no Django: every refusal is a `ProtocolError` naming the parameter, so a
-client learns at once that (say) `presence_penalty` is not supported instead of getting
-an answer that silently ignored it. `response_format` is parsed in response_format.py,
+client learns at once that (say) `suffix` is not supported instead of getting an answer
+that silently ignored it. `response_format` is parsed in response_format.py, penalties,
+logit_bias and vLLM's sampling extras in sampling_options.py,
 `tools` and `tool_choice` in tools.py, `messages` by the engine's chat_messages.py.
 """
 
@@ -14,8 +15,11 @@ from inference.engine.chat_messages import parse_messages
 from inference.engine.errors import InvalidMessagesError
 from inference.errors import InvalidJson, ProtocolError, UnknownParameter, UnsupportedParameter
 
+from .best_of import parse_best_of
 from .constraints import JsonConstraint
+from .prompts import Prompt, parse_prompts
 from .response_format import parse_response_format
+from .sampling_options import SAMPLING_FIELDS, SamplingOptions, parse_sampling_options
 from .schema_limits import SchemaBudget
 from .tools import ToolUse, parse_tool_use
 
@@ -24,6 +28,8 @@ MAX_STOP_SEQUENCES = 4
 # `n`: one HTTP request fans out into at most this many engine requests, one per choice, on
 # the same prompt tokens (each choice's tokens cost like a request's).
 MAX_CHOICES = 16
+# A completions batch: prompts times candidates (`best_of`, else `n`) engine requests at most.
+MAX_ENGINE_REQUESTS = 256
 # Every number has bounds, so none reaches torch (or a C long) out of range: a seed seeds a
 # torch.Generator, which takes 64 bits; the engine draws its own seeds from 63 of them.
 MAX_SEED = 2**63 - 1
@@ -32,11 +38,6 @@ MAX_COUNT = 2**31 - 1  # max_tokens, top_k: far beyond any context or vocabulary
 # Accepted only at their neutral value: anything else would change the answer in a way
 # the engine does not implement.
 _NEUTRAL: dict[str, tuple] = {
-    "presence_penalty": (0, 0.0),
-    "frequency_penalty": (0, 0.0),
-    "logit_bias": ({},),
-    "best_of": (1,),
-    "echo": (False,),
     "parallel_tool_calls": (False,),  # the chat API takes tools; completions do not
     "tools": ([],),
     "functions": ([],),  # OpenAI's deprecated form of tools
@@ -45,6 +46,10 @@ _NEUTRAL: dict[str, tuple] = {
     "suffix": ("",),
     "modalities": (["text"],),
 }
+# The completions API's alone: chat accepts them only at their neutral value.
+_COMPLETIONS_ONLY: dict[str, tuple] = {"echo": (False,), "best_of": (1,)}
+# `continuous_usage_stats` is vLLM's (benchmark clients count tokens as they stream with it).
+STREAM_OPTIONS = {"include_usage", "continuous_usage_stats"}
 # Metadata with no effect on generation.
 IGNORED_FIELDS = {
     "user",
@@ -67,7 +72,7 @@ _COMMON = {
     "n",
     "prompt_logprobs",  # vLLM's extension: the prompt tokens' logprobs
     "response_format",
-}
+} | SAMPLING_FIELDS
 CHAT_FIELDS = _COMMON | {
     "messages",
     "max_tokens",
@@ -78,18 +83,20 @@ CHAT_FIELDS = _COMMON | {
     "tool_choice",
     "parallel_tool_calls",
 }
-COMPLETION_FIELDS = _COMMON | {"prompt", "max_tokens", "logprobs"}
+COMPLETION_FIELDS = _COMMON | {"prompt", "max_tokens", "logprobs", "echo", "best_of"}
 
 
 @dataclass
 class GenerationRequest:
-    """One parsed request. `messages` for chat, `prompt` (text or token ids) for completions."""
+    """One parsed request. `messages` for chat, `prompts` (each a text or token ids) for
+    completions."""
 
     model: str
     stream: bool = False
     include_usage: bool = False
+    continuous_usage: bool = False  # vLLM's: the usage so far in every chunk of the stream
     messages: list[dict] | None = None
-    prompt: str | list[int] | None = None
+    prompts: list[Prompt] | None = None  # a batch of one or more
     max_tokens: int | None = None  # None: up to the end of the context
     max_tokens_param: str = "max_tokens"  # the name the client used, for error messages
     temperature: float = 1.0
@@ -103,6 +110,9 @@ class GenerationRequest:
     prompt_logprobs: int | None = None  # None: off; N: each prompt token's plus the top N
     constraint: JsonConstraint | None = None  # the output must be JSON (response_format, tools)
     tool_use: ToolUse | None = None  # chat: tools shown to the model, calls read from its answer
+    sampling: SamplingOptions = field(default_factory=SamplingOptions)  # penalties, bias, ...
+    echo: bool = False  # completions: each choice begins with its prompt (echo.py)
+    best_of: int | None = None  # completions: candidates per prompt, the n best returned
 
     def sampling_kwargs(self, choice: int = 0) -> dict:
         """SamplingParams' arguments for choice `choice` (0 to n - 1). As in vLLM, choice i
@@ -117,6 +127,7 @@ class GenerationRequest:
             "ignore_eos": self.ignore_eos,
             "logprobs": self.logprobs,
             "prompt_logprobs": self.prompt_logprobs if choice == 0 else None,
+            **self.sampling.sampling_kwargs(),
         }
 
 
@@ -133,7 +144,7 @@ def load_json(raw: bytes) -> dict:
 
 
 def parse_chat_request(body: dict) -> GenerationRequest:
-    _refuse_unsupported(body, CHAT_FIELDS)
+    _refuse_unsupported(body, CHAT_FIELDS, _NEUTRAL | _COMPLETIONS_ONLY)
     budget = SchemaBudget()  # one for every schema the request holds
     request = _parse_common(body, budget)
     request.messages = parse_chat_messages(body.get("messages"), with_tools=True)
@@ -164,10 +175,38 @@ def parse_chat_request(body: dict) -> GenerationRequest:
 def parse_completion_request(body: dict) -> GenerationRequest:
     _refuse_unsupported(body, COMPLETION_FIELDS)
     request = _parse_common(body, SchemaBudget())
-    request.prompt = _parse_prompt(body.get("prompt"))
-    request.max_tokens = _optional_positive_int(body.get("max_tokens", 16), "max_tokens")
+    request.prompts = parse_prompts(body.get("prompt"))
+    echo = body.get("echo")
+    _require(echo is None or isinstance(echo, bool), "echo must be a boolean.", "echo")
+    request.echo = bool(echo)
+    request.max_tokens = _completion_max_tokens(body.get("max_tokens", 16), request.echo)
     request.logprobs = _optional_int(body.get("logprobs"), "logprobs", 0, MAX_TOP_LOGPROBS)
+    request.best_of = parse_best_of(
+        body.get("best_of"),
+        n=request.n,
+        stream=request.stream,
+        seed=request.seed,
+        limit=MAX_CHOICES,
+        max_seed=MAX_SEED,
+    )
+    fan_out = len(request.prompts) * (request.best_of or request.n)
+    _require(
+        fan_out <= MAX_ENGINE_REQUESTS,
+        f"{len(request.prompts)} prompts of {request.best_of or request.n} choices each are "
+        f"{fan_out} generations; at most {MAX_ENGINE_REQUESTS} per request (fewer prompts, "
+        "a lower n or best_of).",
+        "prompt",
+    )
     return request
+
+
+def _completion_max_tokens(value, echo: bool) -> int | None:
+    """0 only with echo: the prompt's logprobs alone, no token generated (a harness scoring
+    a text)."""
+    if _is_int(value) and value == 0:
+        _require(echo, "max_tokens may be 0 only with echo: true (the prompt alone).", "max_tokens")
+        return 0
+    return _optional_positive_int(value, "max_tokens")
 
 
 def parse_chat_messages(messages, *, with_tools: bool = False) -> list[dict]:
@@ -179,12 +218,12 @@ def parse_chat_messages(messages, *, with_tools: bool = False) -> list[dict]:
         raise ProtocolError(str(exc), param=exc.param) from None
 
 
-def _refuse_unsupported(body: dict, allowed: set[str]):
+def _refuse_unsupported(body: dict, allowed: set[str], neutral: dict[str, tuple] = _NEUTRAL):
     for name, value in body.items():
         if name in allowed or name in IGNORED_FIELDS:
             continue
-        if name in _NEUTRAL:
-            if value is None or value in _NEUTRAL[name]:
+        if name in neutral:
+            if value is None or value in neutral[name]:
                 continue
             raise UnsupportedParameter(
                 f"The parameter '{name}' is not supported by this server.", param=name
@@ -200,14 +239,23 @@ def _parse_common(body: dict, budget: SchemaBudget) -> GenerationRequest:
     _require(isinstance(stream, bool), "stream must be a boolean.", "stream")
     options = body.get("stream_options") or {}
     _require(
-        isinstance(options, dict) and set(options) <= {"include_usage"},
-        "stream_options may only hold include_usage.",
+        isinstance(options, dict) and set(options) <= STREAM_OPTIONS,
+        "stream_options may only hold include_usage and continuous_usage_stats.",
         "stream_options",
     )
     if options and not stream:
         raise ProtocolError("stream_options needs stream: true.", param="stream_options")
+    continuous = options.get("continuous_usage_stats")
+    _require(
+        continuous is None or isinstance(continuous, bool),
+        "stream_options.continuous_usage_stats must be a boolean.",
+        "stream_options.continuous_usage_stats",
+    )
     request = GenerationRequest(
-        model=model.strip(), stream=stream, include_usage=bool(options.get("include_usage", False))
+        model=model.strip(),
+        stream=stream,
+        include_usage=bool(options.get("include_usage", False)),
+        continuous_usage=bool(continuous),
     )
     temperature = body.get("temperature")
     if temperature is not None:
@@ -244,6 +292,7 @@ def _parse_common(body: dict, budget: SchemaBudget) -> GenerationRequest:
     request.n = _parse_n(body.get("n"), request.seed)
     request.prompt_logprobs = _parse_prompt_logprobs(body.get("prompt_logprobs"), stream)
     request.constraint = parse_response_format(body.get("response_format"), budget)
+    request.sampling = parse_sampling_options(body)
     return request
 
 
@@ -286,21 +335,6 @@ def _parse_stop(stop) -> list[str]:
         "stop",
     )
     return stops
-
-
-def _parse_prompt(prompt) -> str | list[int]:
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        prompt = prompt[0]
-    if isinstance(prompt, str):
-        _require(prompt != "", "prompt must not be empty.", "prompt")
-        return prompt
-    if isinstance(prompt, list) and prompt and all(_is_int(t) and t >= 0 for t in prompt):
-        return prompt
-    raise ProtocolError(
-        "prompt must be a non-empty string, or a list of token ids "
-        "(batches of prompts are not supported).",
-        param="prompt",
-    )
 
 
 def _optional_positive_int(value, param: str) -> int | None:

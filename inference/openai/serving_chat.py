@@ -21,10 +21,11 @@ def chat_prompt_ids(
     return llm.tokenizer.encode(text, add_special_tokens=False)
 
 
-def _prompt_ids(llm: "LLMEngine", parsed: GenerationRequest) -> list[int]:
+def _prompt_ids(llm: "LLMEngine", parsed: GenerationRequest) -> list[list[int]]:
+    """A conversation is one prompt."""
     assert parsed.messages is not None, "a chat request has messages"
     tools = parsed.tool_use.template_tools() if parsed.tool_use is not None else None
-    return chat_prompt_ids(llm, parsed.messages, tools)
+    return [chat_prompt_ids(llm, parsed.messages, tools)]
 
 
 def _refuse_tools_the_template_hides(parsed: GenerationRequest, llm: "LLMEngine") -> None:

@@ -32,7 +32,7 @@ from inference.errors import (
     UnknownParameter,
 )
 from inference.host.engine_host import HOST, ServedModel
-from inference.openai.completion_builder import MIN_LOGPROB
+from inference.openai.logprob_entries import MIN_LOGPROB
 from inference.openai.protocol import load_json, parse_chat_messages
 from inference.openai.serving_chat import chat_prompt_ids
 from inference.openai.serving_completion import text_prompt_ids

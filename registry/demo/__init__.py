@@ -4,8 +4,11 @@ the bundled SmolLM2-135M-Instruct, each for one behaviour a person sees at once.
 Each is trained by `manage.py train_demo_adapters` (registry/demo/recipe.py) from a dataset
 written for it (registry/demo/data/<name>.jsonl: everyday questions and short answers in the
 trained style, in the eval-set row shape) and committed in registry/demo/adapters/<name>/ in
-the PEFT layout (adapter_config.json + adapter_model.safetensors). `manage.py demo_adapters`
-uploads them through the same validation as any tenant's adapter.
+the PEFT layout (adapter_config.json + adapter_model.safetensors). Each ships an eval set
+(registry/demo/eval/<name>.jsonl: other questions than the training rows, answered in the
+same style), so the quality gate measures the demo's versions against the base model instead
+of passing them unmeasured. `manage.py demo_adapters` attaches it and uploads the files
+through the same validation and gate as any tenant's adapter.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 DATA_DIR = HERE / "data"
+EVAL_DIR = HERE / "eval"
 ADAPTERS_DIR = HERE / "adapters"
 # The bundled base model the adapters are trained on, under the name it is registered as.
 BASE_PRESET = "smollm2-135m-instruct"
@@ -31,6 +35,11 @@ class DemoAdapter:
     def folder(self) -> Path:
         """Where its committed PEFT files are."""
         return ADAPTERS_DIR / self.name
+
+    @property
+    def eval_set(self) -> Path:
+        """Its eval set: held-out questions in its style, the rows the quality gate scores."""
+        return EVAL_DIR / self.dataset
 
     def rows(self) -> list[dict]:
         """Its training rows: {"messages": [{"role": "user", ...}], "completion": ...}."""

@@ -10,9 +10,11 @@ from audit.services import Subject, audit_record, snapshot
 from .. import queue
 from ..announcements import announce_on_commit
 from ..errors import (
+    CanaryIsProduction,
     EvaluationNotPassed,
     InvalidAlias,
     InvalidWeight,
+    RegistryError,
     ReservedAlias,
     UnknownVersion,
     VersionIncompatible,
@@ -20,7 +22,7 @@ from ..errors import (
     WeightNotAllowed,
 )
 from ..models import Adapter, AdapterVersion, Alias
-from ..names import CANARY, alias_name_validator, reserved_alias_reason
+from ..names import CANARY, PRODUCTION, alias_name_validator, reserved_alias_reason
 from ..quality import why_not_passed
 
 
@@ -46,6 +48,48 @@ def _check_name(name: str) -> None:
         raise ReservedAlias(reason, param="alias")
 
 
+def alias_target_refusal(version: AdapterVersion) -> RegistryError | None:
+    """Why no alias may point at `version` now (the error an attempt raises), or None.
+
+    The pages ask this to disable what the server would refuse: a version still pending
+    validation or evaluation, incompatible with the base model's revision, or failed.
+    """
+    number = version.number
+    if version.status != AdapterVersion.READY:
+        why = f": {version.status_detail}" if version.status_detail else ""
+        return VersionNotReady(
+            f"v{number} is {version.status}{why}; only ready versions can be pointed at",
+        )
+    base = version.adapter.base_model
+    if version.compatible is not True or version.checked_revision != base.revision:
+        if version.checked_revision != base.revision:
+            why = f"it has not been checked against {base.name}'s current revision yet"
+        else:
+            why = version.compatibility_detail
+        return VersionIncompatible(
+            f"v{number} is not compatible with base model {base.name}: {why}",
+        )
+    why_not = why_not_passed(version, base.revision)
+    if why_not is not None:
+        return EvaluationNotPassed(
+            f"v{number} has not passed its evaluation: {why_not}; only versions that passed "
+            "(or that an operator overrode) can be pointed at",
+        )
+    return None
+
+
+def canary_refusal(adapter: Adapter, version: AdapterVersion) -> RegistryError | None:
+    """A canary must be another version than the one production serves, or None."""
+    production = Alias.objects.filter(adapter=adapter, name=PRODUCTION).first()
+    if production is None or production.version_id != version.pk:
+        return None
+    return CanaryIsProduction(
+        f"v{version.number} is the version {adapter.name}@{PRODUCTION} already serves; a "
+        "canary sends a share of the traffic to another version: pick a different one",
+        param="version",
+    )
+
+
 def _pointable(adapter: Adapter, number: int) -> AdapterVersion:
     version = AdapterVersion.objects.filter(adapter=adapter, number=number).first()
     if version is None:
@@ -53,26 +97,9 @@ def _pointable(adapter: Adapter, number: int) -> AdapterVersion:
             f"adapter '{adapter.name}' has no version {number}",
             param="version",
         )
-    if version.status != AdapterVersion.READY:
-        why = f": {version.status_detail}" if version.status_detail else ""
-        raise VersionNotReady(
-            f"v{number} is {version.status}{why}; only ready versions can be pointed at",
-        )
-    base = adapter.base_model
-    if version.compatible is not True or version.checked_revision != base.revision:
-        if version.checked_revision != base.revision:
-            why = f"it has not been checked against {base.name}'s current revision yet"
-        else:
-            why = version.compatibility_detail
-        raise VersionIncompatible(
-            f"v{number} is not compatible with base model {base.name}: {why}",
-        )
-    why_not = why_not_passed(version, base.revision)
-    if why_not is not None:
-        raise EvaluationNotPassed(
-            f"v{number} has not passed its evaluation: {why_not}; only versions that passed "
-            "(or that an operator overrode) can be pointed at",
-        )
+    refusal = alias_target_refusal(version)
+    if refusal is not None:
+        raise refusal
     return version
 
 
@@ -95,6 +122,8 @@ def alias_set(
     if weight is not None and not 0 <= weight <= 100:
         raise InvalidWeight("weight must be between 0 and 100", param="weight")
     version = _pointable(adapter, version_number)
+    if name == CANARY and (refusal := canary_refusal(adapter, version)) is not None:
+        raise refusal
     alias = Alias.objects.select_for_update().filter(adapter=adapter, name=name).first()
     before = _snapshot(alias)
     created = alias is None

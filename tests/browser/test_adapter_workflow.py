@@ -120,7 +120,7 @@ def test_a_broken_upload_shows_the_failed_checks(
     page, live_server, adapter, live_worker, good_adapter_dir, tmp_path, screenshot
 ):
     broken = tmp_path / "adapter_model.safetensors"
-    broken.write_bytes(b"this is not a safetensors file, just text")
+    broken.write_bytes(bytes(range(7, 256)) * 40)  # some other file, picked as the weights
     sign_in(page, live_server.url, *ALICE)
     page.goto(f"{live_server.url}/adapters/support-bot/upload/")
     page.set_input_files("#config-file", str(good_adapter_dir / "adapter_config.json"))
@@ -136,6 +136,9 @@ def test_a_broken_upload_shows_the_failed_checks(
         if not c["passed"] and c["level"] != "warning"
     ]
     assert failed == expected and failed
+    # What it is not, not what its first bytes would mean as a header length.
+    assert failed[0].startswith("safetensors: adapter_model.safetensors: not a safetensors file")
+    assert "above the limit" not in failed[0]
     screenshot("upload-rejected")
 
 

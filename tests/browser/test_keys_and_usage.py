@@ -54,9 +54,14 @@ def test_the_usage_page_draws_tokens_per_day_per_adapter(page, live_server, tena
         usage_record(tenant_a, model, tokens, tokens // 3, days_ago=days_ago)
     sign_in(page, live_server.url, *ALICE)
     page.click("text=Usage")
+    # The selector shows the period the chart draws, chosen or not.
+    assert page.input_value("select[name=days]") == "30"
+    assert "last 30 days" in page.locator("h2").first.inner_text()
     page.select_option("select[name=days]", "7")
     page.click("#period button")
     page.wait_for_url("**/usage/?days=7")
+    assert page.input_value("select[name=days]") == "7"
+    assert "last 7 days" in page.locator("h2").first.inner_text()
 
     assert page.locator("#usage-chart rect").count() == 4
     assert page.locator(".legend li").all_inner_texts() == ["faq-bot", "support-bot", "tiny-llama"]

@@ -30,7 +30,7 @@ def exported_samples(tmp_path_factory) -> set[str]:
         )
         assert run_all(engine)["r"]["error"] is None
         registry = CollectorRegistry()
-        registry.register(EngineCollector(engine.stats))
+        registry.register(EngineCollector(engine.stats, lambda: "tiny"))
         text = generate_latest(registry).decode()
     finally:
         engine.close()

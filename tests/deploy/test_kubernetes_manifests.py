@@ -216,8 +216,9 @@ def test_the_picker_reads_metrics_our_engines_export(exported_samples):
     assert set(specs) == {"queuedRequestsSpec", "runningRequestsSpec", "kvUsageSpec", "loraSpec"}
     for key, metric in specs.items():
         assert metric in exported_samples, f"{key}: {metric} is not exported"
-    assert {specs["queuedRequestsSpec"], specs["kvUsageSpec"], specs["loraSpec"]} == {
+    assert set(specs.values()) == {
         "vllm:num_requests_waiting",
+        "vllm:num_requests_running",
         "vllm:kv_cache_usage_perc",
         "vllm:lora_requests_info",
     }

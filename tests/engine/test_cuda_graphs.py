@@ -264,8 +264,9 @@ def test_an_adapter_with_dora_runs_eagerly(lora_model_dir, adapters, triton_lora
         (dict(temperature=0.8, seed=7), MODES[1]),
         (dict(temperature=0.9, top_p=0.8, top_k=20, seed=3), MODES[2]),
         (dict(temperature=0.8, seed=7, logprobs=2), None),  # sampled eagerly after the replay
+        (dict(temperature=0.8, seed=7, repetition_penalty=1.3, min_p=0.1, min_tokens=2), None),
     ],
-    ids=["greedy", "random", "cut", "logprobs"],
+    ids=["greedy", "random", "cut", "logprobs", "penalties"],
 )
 def test_sampling_on_graphs_draws_what_eager_draws(llama_dir, params, kind):
     outputs = []

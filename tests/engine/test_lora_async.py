@@ -28,6 +28,8 @@ LORA_KEYS = {
     "adapters_waiting",
     "running_adapters",
     "waiting_adapter_names",
+    "running_model_names",
+    "waiting_model_names",
 }
 
 

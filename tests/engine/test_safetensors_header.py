@@ -96,6 +96,13 @@ def test_header_length_beyond_file_is_refused():
     assert "runs past the end" in refused(struct.pack("<Q", 1000) + b"{}")
 
 
+def test_a_file_that_is_not_safetensors_is_named_so():
+    # Random bytes: the first 8 read as a header length far above any limit.
+    message = refused(bytes(range(7, 256)) * 40)
+    assert message.startswith("not a safetensors file") and "above the limit" not in message
+    assert refused(struct.pack("<Q", 1 << 40) + b"hello").startswith("not a safetensors file")
+
+
 def test_header_length_above_limit_is_refused():
     assert "above the limit of 16 bytes" in refused(good_file(), max_header_bytes=16)
 

@@ -20,7 +20,8 @@ from tests.inference.conftest import BASE_NAME, start_server, stop_server
 pytestmark = pytest.mark.django_db
 OPERATOR_TOKEN = "fuzz-operator-token"
 MAX_FUZZ_TOKENS = 4
-GENERATION_PATHS = {"/v1/chat/completions", "/v1/completions"}
+GENERATION_PATHS = {"/v1/chat/completions", "/v1/completions", "/v1/responses"}
+TOKENIZER_PATHS = {"/tokenize", "/detokenize"}
 OPERATOR_PATHS = {
     "/v1/load_lora_adapter",
     "/v1/unload_lora_adapter",
@@ -28,10 +29,11 @@ OPERATOR_PATHS = {
     "/v1/unpin_lora_adapter",
     "/v1/lora_adapters",
 }
-# Called over HTTP (no app): the schema's WSGI app has no engine.
+# Called over HTTP (no app): the schema's WSGI app has no engine. vLLM's tokenizer endpoints
+# sit at the root, beside /v1.
 V1 = schemathesis.openapi.from_dict(
     SCHEMA.raw_schema, config=schemathesis.Config.from_dict(CONFIG)
-).include(path_regex="^/v1/")
+).include(path_regex="^/(v1/|tokenize$|detokenize$)")
 
 
 # The names tenant A may use; a generated `model` string is mostly swapped for one of them
@@ -41,8 +43,9 @@ MODELS = [BASE_NAME, "pirate", "pirate@production", "pirate:1"]
 
 @schemathesis.hook
 def before_call(context, case, kwargs):
-    """Generation requests name a real model most of the time, and ask for few tokens."""
-    if case.path not in GENERATION_PATHS or not isinstance(case.body, dict):
+    """Generation (and tokenizer) requests name a real model most of the time, and
+    generation asks for few tokens."""
+    if case.path not in GENERATION_PATHS | TOKENIZER_PATHS or not isinstance(case.body, dict):
         return
     body = case.body
     model = body.get("model")
@@ -50,7 +53,11 @@ def before_call(context, case, kwargs):
         seen = json.dumps(body, sort_keys=True, default=repr).encode(errors="replace")
         pick = zlib.crc32(seen) % (len(MODELS) + 1)
         body["model"] = MODELS[pick] if pick < len(MODELS) else model
+    if case.path in TOKENIZER_PATHS:
+        return
     names = ("max_tokens", "max_completion_tokens")
+    if case.path == "/v1/responses":
+        names = ("max_output_tokens",)
     for name in names:
         value = body.get(name)
         if value is None and name in body:
@@ -58,7 +65,7 @@ def before_call(context, case, kwargs):
         elif isinstance(value, int) and not isinstance(value, bool) and value > MAX_FUZZ_TOKENS:
             body[name] = MAX_FUZZ_TOKENS
     if not any(name in body for name in names):
-        body["max_tokens"] = MAX_FUZZ_TOKENS
+        body[names[0]] = MAX_FUZZ_TOKENS
 
 
 @pytest.fixture(scope="module")

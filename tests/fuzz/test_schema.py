@@ -17,6 +17,8 @@ def test_the_schema_lists_the_openai_compatible_and_operator_endpoints():
         ("/v1/pin_lora_adapter", "post"),
         ("/v1/unpin_lora_adapter", "post"),
         ("/v1/lora_adapters", "get"),
+        ("/tokenize", "post"),  # vLLM's, at the root
+        ("/detokenize", "post"),
     ]:
         assert method in paths[path], path
     assert {"OperatorToken": []} in paths["/v1/pin_lora_adapter"]["post"]["security"]

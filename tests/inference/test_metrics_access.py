@@ -7,7 +7,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from inference.metrics import EngineCollector
-from tests.ui.engine_recorder import STATS
+from tests.ui.engine_recorder import MODEL_NAME, STATS
 
 TOKEN = "metrics-token-for-the-tests-0123456789"
 
@@ -29,7 +29,7 @@ def router_labels(collector_registry) -> dict:
 def engine_stats():
     """The collector over an engine-shaped stats dict with two tenants' adapters at work."""
     registry = CollectorRegistry()
-    registry.register(EngineCollector(lambda: STATS))
+    registry.register(EngineCollector(lambda: STATS, lambda: MODEL_NAME))
     return registry
 
 
@@ -76,7 +76,7 @@ def test_without_a_token_the_router_gauge_names_no_adapter(settings, engine_stat
 def test_with_a_token_the_router_gauge_names_the_adapters(settings, engine_stats):
     settings.METRICS_TOKEN = TOKEN
     assert router_labels(engine_stats) == {
-        "running_lora_adapters": "tenant-a/support-bot:1",
-        "waiting_lora_adapters": "tenant-a/other:2",
+        "running_lora_adapters": "support-bot",
+        "waiting_lora_adapters": "other@canary",
         "max_lora": "8",
     }

@@ -9,20 +9,20 @@ from prometheus_client.parser import text_string_to_metric_families
 from inference.metrics import EngineCollector
 from registry.engines import EngineState, parse_metrics
 from tests.ui import engine_recorder
-from tests.ui.engine_recorder import STATS, start_recorder
+from tests.ui.engine_recorder import MODEL_NAME, STATS, start_recorder
 
 PREFIX = {"prefix_cache_queries": 4000, "prefix_cache_hits": 3000, "prefix_cache_blocks": 12}
 
 
 def samples(stats: dict) -> dict[str, float]:
     registry = CollectorRegistry()
-    registry.register(EngineCollector(lambda: stats))
+    registry.register(EngineCollector(lambda: stats, lambda: MODEL_NAME))
     text = generate_latest(registry).decode()
     return {
         sample.name: sample.value
         for family in text_string_to_metric_families(text)
         for sample in family.samples
-        if not sample.labels
+        if sample.labels in ({}, {"model_name": MODEL_NAME})  # ours, vLLM's
     }
 
 
@@ -43,7 +43,7 @@ def test_an_engine_without_them_exports_zeros():
 
 def test_the_engine_state_computes_the_hit_rate():
     registry = CollectorRegistry()
-    registry.register(EngineCollector(lambda: {**STATS, **PREFIX}))
+    registry.register(EngineCollector(lambda: {**STATS, **PREFIX}, lambda: MODEL_NAME))
     metrics, _ = parse_metrics(generate_latest(registry).decode())
     state = EngineState(url="http://engine", metrics=metrics)
     assert state.prefix_cache == {"queries": 4000, "hits": 3000, "rate": 0.75, "blocks": 12}

@@ -57,6 +57,17 @@ def test_canary_carries_a_weight_and_other_aliases_refuse_one(client, two_ready)
     ]
 
 
+def test_a_canary_on_the_version_production_serves_is_refused(client, two_ready):
+    assert put(client, "production", version=1).status_code == 201
+    refused = put(client, "canary", version=1, weight=10)
+    assert refused.status_code == 409
+    error = refused.json()["error"]
+    assert error["code"] == "canary_is_production" and error["param"] == "version"
+    assert error["message"].startswith("v1 is the version support-bot@production already serves")
+    assert not Alias.objects.filter(name="canary").exists()
+    assert put(client, "canary", version=2, weight=10).status_code == 201  # another one is fine
+
+
 def test_only_ready_versions_can_be_pointed_at(client, adapter, good_adapter_dir):
     upload(client, "support-bot", good_adapter_dir)  # pending: nobody validated it
     response = put(client, "production", version=1)

@@ -92,6 +92,11 @@ def header_past_end(weights: bytes) -> bytes:
     return header_length(weights, len(weights) + 100)
 
 
+def random_file(weights: bytes) -> bytes:
+    """Some other file uploaded as weights: its first 8 bytes read as a huge header length."""
+    return bytes(range(7, 256)) * 40
+
+
 # (id, mutate(config, weights) -> (config, weights), failing check, words the message must hold)
 # fmt: off
 CONTENT_CASES = [
@@ -100,6 +105,8 @@ CONTENT_CASES = [
     ("header_not_json", weights_by(st.garble_header), "safetensors", "not valid JSON"),
     ("header_over_size_limit", weights_by(header_length, 17 * 1024 * 1024), "safetensors",
      "above the limit"),
+    ("not_safetensors_at_all", weights_by(random_file), "safetensors",
+     "not a safetensors file"),
     ("overlapping_offsets", weights_by(st.shift_last_tensor, -4), "safetensors", "overlap"),
     ("offsets_out_of_file", weights_by(st.shift_last_tensor, 4), "safetensors", "outside"),
     ("unknown_dtype", weights_by(st.edit_last_tensor, dtype="F128"), "safetensors",

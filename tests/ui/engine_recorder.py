@@ -34,8 +34,11 @@ STATS = {
         "adapters_waiting": 1,
         "running_adapters": ["tenant-a/support-bot:1"],
         "waiting_adapter_names": ["tenant-a/other:2"],
+        "running_model_names": ["support-bot"],
+        "waiting_model_names": ["other@canary"],
     },
 }
+MODEL_NAME = "tiny-base"  # the base model the stand-in engine serves
 ADAPTERS = [
     {"name": "tenant-a/support-bot:1", "tier": "device", "slot": 0, "pinned": True, "rank": 4},
     {"name": "tenant-a/other:2", "tier": "host", "slot": None, "pinned": False, "rank": 8},
@@ -59,7 +62,7 @@ class Recorder:
 
 def metrics_text() -> bytes:
     registry = CollectorRegistry()
-    registry.register(EngineCollector(lambda: STATS))
+    registry.register(EngineCollector(lambda: STATS, lambda: MODEL_NAME))
     return generate_latest(registry)
 
 

@@ -44,8 +44,21 @@ def form_with_button(html: str, attribute: str, value: str) -> Form:
     return found[0]
 
 
+def button(html: str, attribute: str, value: str) -> dict[str, str]:
+    """The attributes of the button with `attribute="value"`."""
+    form = form_with_button(html, attribute, value)
+    return next(b for b in form.buttons if b.get(attribute) == value)
+
+
 def press(client, html: str, attribute: str, value: str, *, follow: bool = True):
-    """Submit the form of that button with the client (its session and cookies)."""
+    """Submit the form of that button with the client (its session and cookies); a disabled
+    button cannot be pressed, as in a browser."""
+    assert "disabled" not in button(html, attribute, value), f"{attribute}={value!r} is disabled"
+    return force_submit(client, html, attribute, value, follow=follow)
+
+
+def force_submit(client, html: str, attribute: str, value: str, *, follow: bool = True):
+    """Send that button's form even when the page disabled it: what the server does then."""
     form = form_with_button(html, attribute, value)
     assert form.method.lower() == "post"
     return client.post(form.action, form.fields, follow=follow)

@@ -1,5 +1,8 @@
 """The adapters list and one adapter's page show what the registry holds, for the right tenant."""
 
+import io
+import re
+
 import pytest
 from django.test import Client
 
@@ -7,6 +10,7 @@ from audit.models import AuditEvent
 from registry.models import Alias
 from registry.services.adapters import adapter_create
 from registry.services.aliases import alias_set
+from registry.services.eval_sets import eval_set_attach
 from tests.ui.conftest import ALICE_ACTOR, make_version, page
 from tests.ui.forms import press
 from tests.usage_records import usage_record
@@ -148,6 +152,62 @@ def test_a_canary_takes_its_weight_and_a_bad_weight_is_explained(
     )
     assert "weight" in page(response) and "less than or equal to 100" in page(response)
     assert Alias.objects.get(name="canary").weight == 15
+
+
+def test_no_canary_is_offered_on_the_version_production_serves(
+    signed_in, alice, adapter, good_adapter_dir, second_adapter_dir
+):
+    make_version(adapter, good_adapter_dir)
+    make_version(adapter, second_adapter_dir)
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(alice)
+    press(client, page(client.get("/adapters/support-bot/")), "data-promote", "1")
+
+    html = page(client.get("/adapters/support-bot/"))
+    assert 'data-canary="1"' not in html and 'data-canary="2"' in html
+    # What a stale page (or a hand-made form) sends: the server refuses it.
+    response = signed_in(alice).post(
+        "/adapters/support-bot/aliases/canary/", {"version": 1, "weight": 10}, follow=True
+    )
+    assert (
+        "Could not move support-bot@canary: v1 is the version support-bot@production already "
+        "serves" in page(response)
+    )
+    assert not Alias.objects.filter(name="canary").exists()
+
+
+def test_the_audit_trail_keeps_each_date_on_one_line(signed_in, alice, adapter, good_adapter_dir):
+    make_version(adapter, good_adapter_dir)
+    html = page(signed_in(alice).get("/adapters/support-bot/"))
+    audit = html.split('id="audit"')[1]
+    dates = re.findall(r'<td class="([^"]*)" title="[^"]*"><time datetime="[^"]*">([^<]*)<', audit)
+    assert dates and all("nowrap" in classes.split() for classes, _ in dates)
+    assert all(re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d", text) for _, text in dates)
+
+
+def test_the_eval_set_card_shows_the_current_set_and_offers_to_replace_it(
+    signed_in, alice, adapter
+):
+    client = signed_in(alice)
+    html = page(client.get("/adapters/support-bot/"))
+    assert "No eval set: new versions pass <em>unmeasured</em>" in html
+    assert (
+        'id="eval-set-form"' in html
+        and 'data-api-url="/api/v1/adapters/support-bot/eval-set/"' in html
+    )
+    eval_set_attach(
+        adapter=adapter,
+        file=io.BytesIO(b'{"prompt": "Hi", "completion": " there"}\n'),
+        actor=ALICE_ACTOR,
+    )
+    html = page(client.get("/adapters/support-bot/"))
+    assert "Its own eval set: <strong>1 rows</strong>" in html and ">Replace</button>" in html
+    assert "eval_set.attach" in html.split('id="audit"')[1]
+
+
+def test_a_member_sees_the_eval_set_but_no_form(signed_in, bob, adapter):
+    html = page(signed_in(bob).get("/adapters/support-bot/"))
+    assert 'id="eval-set"' in html and 'id="eval-set-form"' not in html
 
 
 def test_promoting_a_rejected_version_is_refused_with_the_reason(

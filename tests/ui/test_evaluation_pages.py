@@ -14,7 +14,7 @@ from registry.services.eval_sets import eval_set_attach
 from tests.registry.conftest import BASE_NAME, FakeScorer, run_evaluations
 from tests.tiny_llama import make_tiny_llama
 from tests.ui.conftest import ALICE_ACTOR, make_version, page
-from tests.ui.forms import press
+from tests.ui.forms import button, force_submit, press
 
 pytestmark = pytest.mark.django_db
 EVAL_SET = b'{"prompt": "2 + 2 =", "completion": " 4"}\n{"prompt": "Hi", "completion": " there"}\n'
@@ -80,10 +80,32 @@ def test_promoting_a_degraded_version_is_refused_on_the_page_with_the_figure(
     assert reason in html
     assert "evaluation.degraded" in html  # the audit trail
 
-    response = press(client, html, "data-promote", "1")
+    promote = button(html, "data-promote", "1")
+    assert "disabled" in promote and "v1 has not passed its evaluation" in promote["title"]
+    response = force_submit(client, html, "data-promote", "1")  # the server refuses it too
     assert response.status_code == 200
     assert "Could not move support-bot@production: v1 has not passed its evaluation" in page(
         response
     )
     assert reason in page(response)
     assert not Alias.objects.exists()
+
+
+def test_promote_and_canary_are_disabled_while_a_version_is_evaluated(alice, evaluated):
+    client = browser(alice)
+    html = page(client.get("/adapters/support-bot/"))
+    for action in ("data-promote", "data-canary"):
+        pressed = button(html, action, "1")
+        assert "disabled" in pressed, action
+        assert pressed["title"].startswith("v1 has not passed its evaluation: evaluation pending")
+    assert 'data-refusal="1"' in html
+
+    response = force_submit(client, html, "data-promote", "1")
+    assert "Could not move support-bot@production: v1 has not passed its evaluation" in page(
+        response
+    )
+    assert not Alias.objects.exists()
+
+    run_evaluations()  # passed: the same buttons work
+    press(client, page(client.get("/adapters/support-bot/")), "data-promote", "1")
+    assert Alias.objects.get(name="production").version.number == 1

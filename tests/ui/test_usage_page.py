@@ -1,5 +1,6 @@
 """Usage: tokens per day per adapter as an SVG chart and a table, for the own tenant only."""
 
+import re
 from datetime import date, timedelta
 
 import pytest
@@ -75,3 +76,19 @@ def test_bars_stack_per_day_and_scale_to_a_round_maximum():
 )
 def test_axis_maxima_are_one_two_or_five_times_a_power_of_ten(value, ceiling):
     assert nice_ceiling(value) == ceiling
+
+
+@pytest.mark.parametrize("query, days", [("", 30), ("?days=7", 7), ("?days=90", 90)])
+def test_the_period_selector_shows_the_period_the_chart_shows(
+    signed_in, alice, tenant_a, query, days
+):
+    html = page(signed_in(alice).get(f"/usage/{query}"))
+    assert re.findall(r'<option value="(\d+)" selected>', html) == [str(days)]
+    assert f"Tokens per day (last {days} days, UTC)" in html
+
+
+def test_a_period_that_is_not_offered_is_a_400_naming_it(signed_in, alice, tenant_a):
+    response = signed_in(alice).get("/usage/?days=5")
+    assert response.status_code == 400
+    assert "Period: Select a valid choice. 5 is not one of the available choices." in page(response)
+    assert "<svg" not in page(response)

@@ -24,6 +24,7 @@ from ..selectors import (
     TERMINAL,
     adapter_audit_trail,
     adapter_rows,
+    alias_move_refusals,
     evaluation_chart,
     rollback_targets,
 )
@@ -83,6 +84,7 @@ def adapter_detail(request, name):
     )
     for version in versions:
         version.evaluation, version.chart = evaluation_chart(version)
+        version.alias_refusal, version.canary_refusal = alias_move_refusals(adapter, version)
     aliases = list(selectors.alias_list(tenant=tenant, adapter_name=adapter.name))
     targets = rollback_targets(tenant=tenant, adapter=adapter, aliases=aliases)
     for alias in aliases:
@@ -97,6 +99,10 @@ def adapter_detail(request, name):
         "production_share": 100 - ((canary.weight or 0) if canary else 0),
         "events": adapter_audit_trail(tenant=tenant, adapter=adapter),
         "ready_versions": [v for v in versions if v.status == "ready"],
+        "eval_set": selectors.eval_set_for(adapter),
+        "eval_set_api_url": reverse("registry-eval-set", kwargs={"name": adapter.name}),
+        "eval_max_bytes": settings.EVAL_MAX_BYTES,
+        "eval_max_rows": settings.EVAL_MAX_ROWS,
     }
     return render_page(request, "web/adapters/detail.html", context)
 

@@ -19,8 +19,11 @@ TOTALS = ("requests", "prompt_tokens", "completion_tokens", "total_tokens")
 @require_GET
 @scope_required(REGISTRY_READ)
 def usage(request):
-    form = UsagePeriodForm(request.GET)
-    days = form.cleaned_data["days"] if form.is_valid() else 30
+    # Bound to the period shown, so the selector and the chart always say the same.
+    form = UsagePeriodForm({"days": request.GET.get("days") or UsagePeriodForm.DEFAULT})
+    if not form.is_valid():
+        return render_page(request, "web/usage.html", {"form": form, "days": None}, status=400)
+    days = form.cleaned_data["days"]
     today = timezone.now().date()
     first = today - timedelta(days=days - 1)
     start = datetime.combine(first, time.min, tzinfo=timezone.get_current_timezone())

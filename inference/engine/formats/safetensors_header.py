@@ -129,7 +129,9 @@ def _parse(f: BinaryIO, file_size: int | None, max_header_bytes: int) -> Safeten
         )
     (n,) = struct.unpack("<Q", head)
     if n > max_header_bytes or 8 + n > file_size:
-        _refuse_pickle(head, _read(f, min(64, file_size - 8)))
+        after = _read(f, min(64, file_size - 8))
+        _refuse_pickle(head, after)
+        _refuse_non_safetensors(after)
         if n > max_header_bytes:
             raise HeaderError(f"header length {n} is above the limit of {max_header_bytes} bytes")
         raise HeaderError(f"header length {n} runs past the end of the {file_size}-byte file")
@@ -153,6 +155,16 @@ def _refuse_pickle(head: bytes, after: bytes) -> None:
         raise HeaderError(
             "this looks like a PyTorch pickle or zip file (.bin/.pt); only safetensors is "
             "accepted: save with safe_serialization=True or convert with safetensors.torch"
+        )
+
+
+def _refuse_non_safetensors(after: bytes) -> None:
+    """A header length that does not fit, and no JSON object after it: some other file, whose
+    first 8 bytes read as a length mean nothing, so say what it is not."""
+    if after and not after.lstrip().startswith(b"{"):
+        raise HeaderError(
+            "not a safetensors file: a safetensors file starts with an 8-byte header length "
+            f"and a JSON object, and this one has the bytes {after[:8].hex(' ')} there"
         )
 
 

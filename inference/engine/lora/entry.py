@@ -19,7 +19,7 @@ class AdapterEntry:
     pinned: bool = False
     load: object | None = None  # token of the load in flight; None when not loading
     queued: bool = False  # waits for host room before its load starts
-    num_waiting: int = 0  # waiting requests
+    waiting: set[Sequence] = field(default_factory=set)  # waiting Sequences
     running: set[Sequence] = field(default_factory=set)  # running Sequences
     futures: list[Future[None]] = field(default_factory=list)  # load_lora() callers
 
@@ -30,6 +30,10 @@ class AdapterEntry:
     @property
     def name(self) -> str:
         return self.request.name
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
 
     @property
     def tier(self) -> str:

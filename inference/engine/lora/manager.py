@@ -13,6 +13,7 @@ thread calls in (through the scheduler and LLMEngine); a lock guards the state s
 
 import os
 import threading
+from collections.abc import Iterable
 from concurrent.futures import Future
 from typing import Any
 
@@ -54,7 +55,7 @@ class LoRAManager:
                 entry = self.adapters[req.adapter_id] = AdapterEntry(req)
             elif entry.host is None and entry.slot is None:
                 entry.request = req  # the newest path or name serves the next load
-            entry.num_waiting += 1
+            entry.waiting.add(seq)
             m.lora_lookups["device"] += 1
             if entry.slot is not None:
                 m.lora_hits["device"] += 1
@@ -78,12 +79,12 @@ class LoRAManager:
             if entry is None:  # its load failed and the engine is failing its requests
                 return
             if old is SequenceStatus.WAITING:
-                entry.num_waiting -= 1
+                entry.waiting.discard(seq)
             elif old is SequenceStatus.RUNNING:
                 entry.running.discard(seq)
                 seq.lora_slot = -1
             if new is SequenceStatus.WAITING:
-                entry.num_waiting += 1
+                entry.waiting.add(seq)
             elif new is SequenceStatus.RUNNING:
                 entry.running.add(seq)
 
@@ -256,8 +257,9 @@ class LoRAManager:
 
     def stats(self) -> dict[str, Any]:
         with self.lock:
-            running = sorted({a.name for a in self.adapters.values() if a.running})
-            waiting = sorted({a.name for a in self.adapters.values() if a.num_waiting})
+            entries = list(self.adapters.values())
+            running = sorted({a.name for a in entries if a.running})
+            waiting = sorted({a.name for a in entries if a.waiting})
             return {
                 **self.metrics.lora_counters(),
                 "slots_used": self.allocator.num_used,
@@ -268,10 +270,22 @@ class LoRAManager:
                 "adapters_waiting": len(waiting),
                 "running_adapters": running,
                 "waiting_adapter_names": waiting,
+                # the names clients sent (an alias, say), which routers match requests on
+                "running_model_names": _model_names(a.running for a in entries),
+                "waiting_model_names": _model_names(a.waiting for a in entries),
             }
 
     def shutdown(self) -> None:
         self.loader.shutdown()
+
+
+def _model_names(groups: Iterable[set[Sequence]]) -> list[str]:
+    return sorted({_model_name(seq) for seqs in groups for seq in seqs})
+
+
+def _model_name(seq: Sequence) -> str:
+    assert seq.lora_request is not None, "the manager tracks adapter requests only"
+    return seq.model_name or seq.lora_request.name
 
 
 def _fspath(path: str | os.PathLike[str] | None) -> str | None:

@@ -8,6 +8,7 @@ from inference.engine.families import FAMILIES
 from inference.engine.formats.convert import PRESETS, ensure_converted
 from registry.errors import RegistryError
 from registry.names import base_model_name_validator
+from registry.selectors import base_model_find
 from registry.services.base_models import base_model_import
 
 
@@ -33,11 +34,24 @@ class Command(BaseCommand):
         default = parser.add_mutually_exclusive_group()
         default.add_argument("--default", dest="default", action="store_true", default=None)
         default.add_argument("--no-default", dest="default", action="store_false")
+        # `make run` at every start: a revision imported since (demo_base_revision) stays.
+        parser.add_argument(
+            "--if-missing",
+            action="store_true",
+            help="do nothing when a base model of this name is imported and its folder is there",
+        )
 
-    def handle(self, preset, hf_dir, name, default, **options):
+    def handle(self, preset, hf_dir, name, default, if_missing, **options):
         name = name or preset
         if name is None:
             raise CommandError("--name is required with --hf-dir")
+        known = base_model_find(name=name) if if_missing else None
+        if known is not None and (Path(known.local_path) / "config.json").is_file():
+            self.stdout.write(
+                f"{known.name} revision {known.revision[:12]} at {known.local_path}: "
+                "already imported, kept"
+            )
+            return
         try:
             base_model_name_validator(name)
         except Exception as exc:

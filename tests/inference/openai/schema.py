@@ -1,5 +1,6 @@
-"""OpenAI's own published schema (openai_schema/openai_components.yaml, its source named
-there), as JSON Schema: where an answer of ours breaks it."""
+"""OpenAI's own published schema (openai_schema/: the chat, completion and model schemas, and
+the Responses API's, each file naming its source), as JSON Schema: where an answer of ours
+breaks it."""
 
 import json
 from functools import cache
@@ -8,7 +9,7 @@ from pathlib import Path
 import yaml
 from jsonschema import Draft202012Validator  # type: ignore[import-untyped]
 
-SCHEMA_FILE = Path(__file__).parent / "openai_schema" / "openai_components.yaml"
+SCHEMA_DIR = Path(__file__).parent / "openai_schema"
 
 
 def _json_schema(node):
@@ -27,7 +28,11 @@ def _json_schema(node):
 
 @cache
 def _document() -> dict:
-    return _json_schema(yaml.safe_load(SCHEMA_FILE.read_text()))
+    """Every file's components, as one document (they are parts of the same one)."""
+    schemas: dict = {}
+    for part in sorted(SCHEMA_DIR.glob("*.yaml")):
+        schemas |= yaml.safe_load(part.read_text())["components"]["schemas"]
+    return _json_schema({"components": {"schemas": schemas}})
 
 
 def schema_problems(name: str, instance) -> list[str]:

@@ -276,6 +276,16 @@ def test_the_token_reservation_is_the_prompt_plus_n_times_max_tokens(tpm_server)
     assert len(reply.choices) == 3  # 8 + 3 * 24 = 80 fits
 
 
+def test_a_batch_reserves_every_prompt_and_its_choices(tpm_server):
+    url, key = tpm_server
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0)
+    with pytest.raises(openai.RateLimitError) as caught:  # 2 x (8 + 2 x 24) = 112 > 100
+        client.completions.create(model=BASE_NAME, prompt=[PROMPT, PROMPT], max_tokens=24, n=2)
+    assert "may use 112 tokens" in caught.value.body["message"]
+
+
 def test_the_choices_share_their_prompt_through_the_prefix_cache(live_engine_server):
     """The counters /metrics exports (tests/inference/test_prefix_cache_metrics.py), live."""
     prompt = list(range(40, 120))  # 80 tokens: five KV blocks of 16

@@ -44,13 +44,7 @@ def test_text_parts_and_developer_role_are_accepted():
 
 
 def test_neutral_values_of_unsupported_parameters_are_accepted():
-    parsed_chat(
-        n=1,
-        presence_penalty=0,
-        frequency_penalty=0.0,
-        logit_bias={},
-        response_format={"type": "text"},
-    )
+    parsed_chat(n=1, functions=[], suffix="", response_format={"type": "text"})
 
 
 @pytest.mark.parametrize(
@@ -80,8 +74,9 @@ def test_neutral_values_of_unsupported_parameters_are_accepted():
         ({"temperature": 3}, "temperature", "invalid_request"),
         ({"temperature": "hot"}, "temperature", "invalid_request"),
         ({"top_p": 0}, "top_p", "invalid_request"),
-        ({"best_of": 2}, "best_of", "unsupported_parameter"),
-        ({"presence_penalty": 0.5}, "presence_penalty", "unsupported_parameter"),
+        ({"best_of": 2}, "best_of", "unsupported_parameter"),  # completions only
+        ({"echo": True}, "echo", "unsupported_parameter"),
+        ({"presence_penalty": 2.5}, "presence_penalty", "invalid_request"),
         ({"tools": [{"type": "function"}]}, "tools[0].function", "invalid_request"),
         ({"functions": [{"name": "f"}]}, "functions", "unsupported_parameter"),
         ({"frobnicate": True}, "frobnicate", "unknown_parameter"),
@@ -102,25 +97,25 @@ def test_bad_chat_requests_name_the_parameter(body, param, code):
 
 
 def test_completion_prompt_forms():
-    assert parsed_completion(prompt="x").prompt == "x"
-    assert parsed_completion(prompt=["x"]).prompt == "x"
-    assert parsed_completion(prompt=[1, 2]).prompt == [1, 2]
+    assert parsed_completion(prompt="x").prompts == ["x"]
+    assert parsed_completion(prompt=["x"]).prompts == ["x"]
+    assert parsed_completion(prompt=[1, 2]).prompts == [[1, 2]]
+    assert parsed_completion(prompt=["a", "b"]).prompts == ["a", "b"]  # a batch
+    assert parsed_completion(prompt=[[1], [2, 3]]).prompts == [[1], [2, 3]]
     assert parsed_completion(prompt="x").max_tokens == 16
 
 
-@pytest.mark.parametrize("prompt", ["", [], ["a", "b"], [1, -2], None, {"a": 1}])
+@pytest.mark.parametrize("prompt", ["", [], [1, -2], None, {"a": 1}, ["a", ""], [[]]])
 def test_bad_completion_prompts(prompt):
     with pytest.raises(ProtocolError) as caught:
         parsed_completion(prompt=prompt)
     assert caught.value.param == "prompt"
 
 
-def test_completion_refuses_echo_suffix_and_tools():
+def test_completion_refuses_suffix_and_tools():
     tools = [{"type": "function", "function": {"name": "f"}}]
     refused = (
-        ("echo", True),
         ("suffix", "x"),
-        ("best_of", 3),
         ("tools", tools),
         ("tool_choice", "auto"),
         ("parallel_tool_calls", True),

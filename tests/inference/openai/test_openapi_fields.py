@@ -48,3 +48,16 @@ def test_the_bounds_described_are_the_parsers():
     assert props["seed"]["maximum"] == protocol.MAX_SEED
     assert props["stop"]["oneOf"][1]["maxItems"] == protocol.MAX_STOP_SEQUENCES
     assert props["top_logprobs"]["maximum"] == protocol.MAX_TOP_LOGPROBS
+
+
+def test_a_responses_request_describes_exactly_the_fields_its_parser_takes():
+    from inference.openai.responses import openapi as responses_openapi
+    from inference.openai.responses import protocol as responses_protocol
+
+    described = set(responses_openapi.SCHEMAS["ResponseRequest"]["properties"])
+    fields = responses_protocol.FIELDS
+    assert fields <= described, f"parsed but not described: {sorted(fields - described)}"
+    extra = described - fields
+    assert extra <= responses_protocol.IGNORED_FIELDS, f"described but refused: {sorted(extra)}"
+    neutral = set(responses_protocol.NEUTRAL)
+    assert not neutral & described  # accepted only at their neutral value: not offered

@@ -12,7 +12,8 @@ import pytest
 
 from inference.engine import RequestOutput, TokenLogprob
 from inference.engine.tokenizer import Tokenizer
-from inference.openai.completion_builder import MIN_LOGPROB, CompletionBuilder
+from inference.openai.completion_builder import CompletionBuilder
+from inference.openai.logprob_entries import MIN_LOGPROB
 from tests.clients import refusal
 from tests.inference.conftest import BASE_NAME
 

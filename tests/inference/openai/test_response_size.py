@@ -72,3 +72,18 @@ def test_generated_logprobs_past_the_limit_name_the_chat_field(server):
     response = http(server, "POST", "/v1/chat/completions", key=server.key_a, json=body)
     assert_refused(response, "top_logprobs", "max_tokens")
     assert complete(server, n=10, logprobs=20, max_tokens=90).status_code == 200
+
+
+def test_a_batch_is_counted_as_a_whole(server):
+    """Every prompt of a batch adds its own: 300 x 21 entries each, four prompts past the
+    limit though each alone is far within it."""
+    assert complete(server, prompt=[PROMPT] * 3, prompt_logprobs=20).status_code == 200
+    response = complete(server, prompt=[PROMPT] * 4, prompt_logprobs=20)
+    assert_refused(response, "prompt_logprobs", "max_tokens")
+    assert "in 4 prompts" in response.json()["error"]["message"]
+
+
+def test_an_echo_counts_the_prompt_tokens_in_every_choice(server):
+    # (300 prompt + 2 generated tokens) x (1 + 20) per choice: 19,026 in three, 25,368 in four
+    assert complete(server, echo=True, logprobs=20, n=3).status_code == 200
+    assert_refused(complete(server, echo=True, logprobs=20, n=4), "logprobs", "max_tokens")
