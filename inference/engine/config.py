@@ -58,6 +58,10 @@ class EngineConfig:
     # device bytes for DoRA scales, LoRA on the heads and saved heads, shared by the slots'
     # adapters that have them; default: room for every slot (lora/slots.py)
     lora_extra_bytes: int | None = None
+    # True: the LoRA shrinks never split a reduction over programs (split-K partial sums
+    # meet by fp32 atomics in an order that changes run to run), so the same batches give
+    # the same bits on every run; costs small decode batches some latency
+    deterministic_kernels: bool = False
     # decode steps replay CUDA graphs (cuda_graphs.py) on CUDA with the Triton attention
     # backend; True runs every step eagerly (vLLM's name), for debugging
     enforce_eager: bool = False
@@ -159,6 +163,10 @@ class EngineConfig:
         self.background_tokens_per_step = min(value, self.max_num_batched_tokens)
 
     def _check_lora(self) -> None:
+        if not isinstance(self.deterministic_kernels, bool):
+            raise ConfigError(
+                f"deterministic_kernels must be true or false, got {self.deterministic_kernels!r}"
+            )
         if self.max_cpu_loras is None:
             self.max_cpu_loras = max(4 * self.max_loras, 16)
         if self.lora_extra_bytes is not None and (

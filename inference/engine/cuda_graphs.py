@@ -20,6 +20,10 @@ token's slot on the device; the torch reference needs host segments).
 
 Capturing is a function (`Capture`): `CudaGraphCapture` on CUDA; tests pass
 `direct_capture`, which hands back the step itself, so the same bookkeeping runs on CPU.
+
+A step's inputs reach the static buffers in one upload (staging.py) and copies on the
+device. The memory the graphs take is estimated before the KV cache is sized
+(`graph_pool_estimate`), so the cache leaves room for it.
 """
 
 import bisect
@@ -33,14 +37,20 @@ from inference.kernels.lora_batch import static_decode_batch
 from .lora.slots import LoRASlots
 from .model.context import ForwardContext, LoRAStep, PagedStep, forward_context
 from .model.decoder import CausalLM
+from .model_config import ModelConfig
 from .sampler import Sampler, SamplerOutput, SamplingTensors, sample, unpack
 from .sequence import Sequence
+from .staging import ALIGN, Staging
 
 Step = Callable[[], torch.Tensor]
 Capture = Callable[[Step], Step]  # a step -> its replay, which returns the step's output
 # sampling modes: (any row samples at random, a random row cuts by top-k / top-p)
 GREEDY, RANDOM, RANDOM_CUT = (False, False), (True, False), (True, True)
 MODES = (GREEDY, RANDOM, RANDOM_CUT)
+# live bytes per logit in the top-k / top-p sampling graph: the scaled logits, their sorted
+# copy and its int64 order, the cut mask, the sorted probabilities and their cumsum, the noise
+SAMPLE_BYTES_PER_LOGIT = 32
+ALLOCATION_BYTES = 512  # the CUDA caching allocator rounds every block up to this
 
 
 def direct_capture(step: Step) -> Step:
@@ -81,6 +91,41 @@ def capture_sizes(largest: int) -> list[int]:
     return [s for s in (1, 2, 4) if s < largest] + list(range(8, largest, 8)) + [largest]
 
 
+@dataclass(frozen=True)
+class GraphPoolEstimate:
+    """Device memory the decode graphs take, estimated before capture from the buckets."""
+
+    buffers: int  # the static inputs and outputs (exact)
+    activations: int  # the largest bucket's peak: the graphs share one pool, run one at a time
+    outputs: int  # what each sampling graph keeps in the pool: its packed tokens
+
+    @property
+    def total(self) -> int:
+        return self.buffers + self.activations + self.outputs
+
+
+def graph_pool_estimate(
+    mc: ModelConfig, dtype: torch.dtype, largest: int, max_blocks: int
+) -> GraphPoolEstimate:
+    """Per row at the largest bucket, the most of: a layer's peak (residual and normed
+    hidden states beside attention's q, k, v and output or the MLP's gate, up and
+    activation), the head (the logits in the model's dtype and soft-capped), and the
+    sampling graph's copies of the logits."""
+    item = torch.empty((), dtype=dtype).element_size()
+    q, kv = mc.num_heads * mc.head_dim, mc.num_kv_heads * mc.head_dim
+    layer = item * (2 * mc.hidden_size + max(2 * q + 2 * kv, 3 * mc.intermediate_size))
+    head = item * (mc.hidden_size + 2 * mc.vocab_size)
+    row = max(layer, head, SAMPLE_BYTES_PER_LOGIT * mc.vocab_size)
+    meta = torch.device("meta")  # the buffers' real layout, without memory
+    buffers = DecodeBuffers(largest, max_blocks, mc.vocab_size, [0] * largest, meta)
+    outputs = sum(len(MODES) * _allocation(8 * size) for size in capture_sizes(largest))
+    return GraphPoolEstimate(buffers.nbytes, largest * row, outputs)
+
+
+def _allocation(nbytes: int) -> int:
+    return -(-nbytes // ALLOCATION_BYTES) * ALLOCATION_BYTES
+
+
 @dataclass
 class DecodeRows:
     """A decode step's inputs on the host, one entry per sequence (the runner builds them)."""
@@ -119,6 +164,13 @@ class DecodeBuffers:
         tensors = [self.ints, self.tables, self.context_lens, self.logits, self.temperature]
         tensors += [self.top_p, self.top_k, self.seeds, self.steps, self.greedy]
         return sum(t.numel() * t.element_size() for t in tensors)
+
+    @property
+    def staging_bytes(self) -> int:
+        """One step's upload at the largest size: the four int64 rows, the context lengths
+        and the block tables (int32), each section aligned."""
+        inputs = (self.ints, self.context_lens, self.tables)
+        return sum(-(-t.numel() * t.element_size() // ALIGN) * ALIGN for t in inputs)
 
     def sampling(self, size: int, mode: tuple[bool, bool]) -> SamplingTensors:
         return SamplingTensors(
@@ -161,6 +213,7 @@ class DecodeGraphs:
         # padding row i writes its keys and values to slot i of the reserved block
         self.pad_slots = [pad_block * block_size + i % block_size for i in range(largest)]
         self.buffers = DecodeBuffers(largest, max_blocks, self.vocab, self.pad_slots, self.device)
+        self.staging = Staging(self.buffers.staging_bytes, self.device)
         self.capture = capture
         self.sampler = sampler or Sampler()
         self._forward: dict[int, Step] = {}
@@ -202,12 +255,18 @@ class DecodeGraphs:
             rows.slots + self.pad_slots[n:size],
             rows.lora_slots + [-1] * pad,
         ]
-        self._write(b.ints[:, :size], torch.tensor(ints, dtype=torch.long))
+        lens = rows.context_lens + [0] * pad  # padding rows attend to nothing
         width = max(len(table) for table in rows.tables)
         tables = [table + [0] * (width - len(table)) for table in rows.tables]
-        self._write(b.tables[:n, :width], torch.tensor(tables, dtype=torch.int32))
-        lens = rows.context_lens + [0] * pad  # padding rows attend to nothing
-        self._write(b.context_lens[:size], torch.tensor(lens, dtype=torch.int32))
+        host = [
+            torch.tensor(ints, dtype=torch.long),
+            torch.tensor(lens, dtype=torch.int32),
+            torch.tensor(tables, dtype=torch.int32),
+        ]
+        ints_now, lens_now, tables_now = self.staging.upload(host)  # then copies on the device
+        b.ints[:, :size].copy_(ints_now)
+        b.context_lens[:size].copy_(lens_now)
+        b.tables[:n, :width].copy_(tables_now)
         return self._forward[size]()[:n]
 
     def sample(self, seqs: list[Sequence], logits: torch.Tensor) -> SamplerOutput:
@@ -240,7 +299,7 @@ class DecodeGraphs:
         lora = None
         if self.lora:
             assert self.lora_slots is not None
-            batch = static_decode_batch(b.lora_slots[:size])
+            batch = static_decode_batch(b.lora_slots[:size], self.lora_slots.deterministic)
             lora = LoRAStep(batch, self.lora_slots.buffer, [])
         ctx = ForwardContext(
             slot_mapping=b.slot_mapping[:size],
@@ -260,9 +319,3 @@ class DecodeGraphs:
     def _sample_step(self, size: int, mode: tuple[bool, bool]) -> Step:
         logits, tensors = self.buffers.logits[:size], self.buffers.sampling(size, mode)
         return lambda: sample(logits, logits, tensors)
-
-    def _write(self, static: torch.Tensor, host: torch.Tensor) -> None:
-        """Copy into a static buffer in place; to CUDA from pinned memory, without waiting."""
-        if self.device.type == "cuda":
-            host = host.pin_memory()
-        static.copy_(host, non_blocking=True)

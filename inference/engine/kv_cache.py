@@ -12,12 +12,15 @@ from .errors import ConfigError
 CPU_DEFAULT_KV_BYTES = 512 << 20
 
 
-def kv_cache_budget(config: EngineConfig, device: torch.device, lora_bytes: int = 0) -> int:
+def kv_cache_budget(
+    config: EngineConfig, device: torch.device, lora_bytes: int = 0, graph_bytes: int = 0
+) -> int:
     """Bytes for the KV cache. With `kv_cache_bytes` set, that budget less what the LoRA
-    slots take (the setting covers both). Unset on CPU, the slots get what they need and
-    the cache `default_kv_bytes` on top, so the defaults start whatever the slots cost.
-    Unset on CUDA, the share `gpu_memory_utilization` of device memory minus what weights,
-    LoRA slots (already allocated) and a warm-up step use."""
+    slots take (the setting covers both; the decode graphs come on top). Unset on CPU, the
+    slots get what they need and the cache `default_kv_bytes` on top, so the defaults start
+    whatever the slots cost. Unset on CUDA, the share `gpu_memory_utilization` of device
+    memory minus what weights, LoRA slots (already allocated), a warm-up step and the
+    decode graphs captured after the cache (`graph_bytes`, estimated) use."""
     if config.kv_cache_bytes is None and device.type != "cuda":
         return default_kv_bytes(config)
     if config.kv_cache_bytes is not None:
@@ -32,15 +35,24 @@ def kv_cache_budget(config: EngineConfig, device: torch.device, lora_bytes: int 
             )
         return budget
     free, total = torch.cuda.mem_get_info(device)
-    used_now = total - free
     # Peak activations beyond resident memory, measured by the warm-up the runner ran before.
     activations = torch.cuda.max_memory_allocated(device) - torch.cuda.memory_allocated(device)
-    budget = int(total * config.gpu_memory_utilization) - used_now - activations
+    return device_kv_budget(config, total, total - free, activations, graph_bytes)
+
+
+def device_kv_budget(
+    config: EngineConfig, total: int, used: int, activations: int, graph_bytes: int
+) -> int:
+    """The share `gpu_memory_utilization` of a device's `total` bytes left for the KV cache
+    once what is `used`, a step's peak `activations` and the decode graphs' pool are
+    counted."""
+    budget = int(total * config.gpu_memory_utilization) - used - activations - graph_bytes
     if budget < config.kv_block_bytes:
+        graphs = f", {graph_bytes / 2**30:.2f} GiB kept for CUDA graphs" if graph_bytes else ""
         raise ConfigError(
-            f"no device memory left for the KV cache ({used_now / 2**30:.1f} GiB of "
-            f"{total / 2**30:.1f} GiB in use); raise gpu_memory_utilization or lower "
-            f"max_num_batched_tokens"
+            f"no device memory left for the KV cache ({used / 2**30:.1f} GiB of "
+            f"{total / 2**30:.1f} GiB in use{graphs}); raise gpu_memory_utilization or lower "
+            f"max_num_batched_tokens" + (" or max_cudagraph_capture_size" if graph_bytes else "")
         )
     return budget
 

@@ -1,10 +1,16 @@
 """A scheduled batch as the model takes it: one flat row per fed token (prefill chunks, then
 decodes) with its position, KV slot and adapter slot, the block tables attention reads, and
-which hidden rows become logits."""
+which hidden rows become logits.
 
+A step's inputs are built on the host, then uploaded in one copy through a staging buffer
+(staging.py); under tensor parallelism the host inputs are what rank 0 sends, and each rank
+uploads its own."""
+
+import dataclasses
 import itertools
 from collections.abc import Sequence as SequenceOf
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -14,17 +20,30 @@ from .model.context import ForwardContext, PagedStep
 from .model.rotary import uses_long_factors
 from .scheduler import ScheduledBatch
 from .sequence import Sequence
+from .staging import ALIGN, Staging
 
 
 @dataclass
 class ForwardInputs:
-    """One forward pass, flat over the batch: what every rank of a sharded model runs."""
+    """One forward pass, flat over the batch, on the host: what every rank of a sharded
+    model runs (the context's tensors on the CPU, without its LoRA fields, which each rank
+    builds)."""
 
     ctx: ForwardContext
     input_ids: list[int] = field(default_factory=list)
     positions: list[int] = field(default_factory=list)
     rows: list[int] = field(default_factory=list)  # hidden rows to turn into logits
     lora_slots: list[int] = field(default_factory=list)  # each fed token's adapter slot
+
+
+@dataclass
+class DeviceInputs:
+    """A forward pass's inputs after the upload: the context and the fed tokens on the device."""
+
+    ctx: ForwardContext
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    rows: torch.Tensor  # hidden rows to turn into logits
 
 
 @dataclass
@@ -38,8 +57,26 @@ class BatchInputs:
     prompt_spans: list[tuple[Sequence, int, int, int]] = field(default_factory=list)
 
 
+def step_staging_bytes(config: EngineConfig) -> int:
+    """The staging a step at the engine's limits needs: four int64 values per batched token
+    (id, position, KV slot, logits row), one block table per sequence, three bounds per
+    sequence, each section aligned."""
+    assert config.max_model_len is not None and config.max_num_batched_tokens is not None
+    seqs = config.max_num_seqs
+    max_blocks = -(-config.max_model_len // config.block_size)
+    table_item = 4 if config.attention_backend == "triton" else 8  # int32 for the paged kernels
+    sections = 9 + seqs  # the fixed sections, and a table per prefill chunk (torch attention)
+    return (
+        4 * 8 * config.max_num_batched_tokens
+        + seqs * max_blocks * table_item
+        + 3 * 8 * (seqs + 1)
+        + sections * ALIGN
+    )
+
+
 class InputBuilder:
-    """Builds each step's inputs, and keeps the CPU decode buffers' state from step to step."""
+    """Builds each step's inputs on the host and uploads them, and keeps the CPU decode
+    buffers' state from step to step."""
 
     def __init__(
         self, config: EngineConfig, device: torch.device, kv_block_bytes: int, num_blocks: int
@@ -59,6 +96,23 @@ class InputBuilder:
         self.decode_buffer_headroom = 64  # tokens to grow by before the buffers are rebuilt
         self._last_decode: list[tuple[Sequence, int]] = []  # (sequence, length) of the last decode
         self._buffer_len = 0
+        self.staging = Staging(step_staging_bytes(config), device)
+
+    def upload(self, inputs: ForwardInputs) -> DeviceInputs:
+        """A step's host inputs on the device, in one copy; a decode part on the torch
+        attention backend gets its masks from the uploaded lengths."""
+        host = [self.tensor(inputs.input_ids), self.tensor(inputs.positions)]
+        host.append(self.tensor(inputs.rows))
+        context: dict[int, torch.Tensor] = {}
+        _collect(inputs.ctx, context)
+        uploaded = self.staging.upload([*host, *context.values()])
+        on_device = dict(zip(context, uploaded[len(host) :], strict=True))
+        ctx: ForwardContext = _replace(inputs.ctx, on_device)
+        if ctx.context_lens is not None and ctx.paged is None:
+            assert inputs.ctx.context_lens is not None
+            lengths = inputs.ctx.context_lens.tolist()  # the host's copy
+            ctx.decode_groups = self._decode_groups(lengths, ctx.context_lens)
+        return DeviceInputs(ctx, *uploaded[: len(host)])
 
     def build(self, batch: ScheduledBatch) -> BatchInputs:
         """An eager step's inputs: the prefill chunks, then the decodes."""
@@ -101,12 +155,13 @@ class InputBuilder:
             + position % self.block_size
         )
 
+    @staticmethod
     def tensor(
-        self,
         values: SequenceOf[int] | SequenceOf[SequenceOf[int]],
         dtype: torch.dtype = torch.long,
     ) -> torch.Tensor:
-        return torch.tensor(values, dtype=dtype, device=self.device)
+        """Host values as a host tensor (`upload` takes them to the device)."""
+        return torch.tensor(values, dtype=dtype)
 
     def _add_prefill(self, step: BatchInputs, slots: list[int], seq: Sequence, n: int) -> None:
         """A chunk of n tokens from the sequence's first uncomputed one, and the rows of its
@@ -167,8 +222,7 @@ class InputBuilder:
             return rows
         ctx.decode_buffer_len, ctx.refresh_decode_buffers = self._decode_buffers(seqs)
         ctx.block_tables = self.tensor(tables)
-        ctx.context_lens = self.tensor(lengths)
-        ctx.decode_groups = self._decode_groups(lengths)
+        ctx.context_lens = self.tensor(lengths)  # its masks are made on the device (upload)
         return rows
 
     def _paged_prefill(self, prefills: list[tuple[Sequence, int]]) -> PagedStep:
@@ -187,10 +241,13 @@ class InputBuilder:
         step.max_query_len = max(n for _, n in prefills)
         return step
 
-    def _decode_groups(self, lengths: list[int]) -> list[tuple[int, int, torch.Tensor]]:
-        """Rows (longest first) that attend in one call, each group with its additive mask."""
+    def _decode_groups(
+        self, lengths: list[int], on_device: torch.Tensor
+    ) -> list[tuple[int, int, torch.Tensor]]:
+        """Rows (longest first) that attend in one call, each group with its additive mask
+        (`on_device`: the lengths, uploaded)."""
         span = torch.arange(lengths[0], device=self.device)
-        hidden = span[None, :] >= self.tensor(lengths)[:, None]  # beyond a row's own tokens
+        hidden = span[None, :] >= on_device[:, None]  # beyond a row's own tokens
         mask = torch.zeros(hidden.shape, dtype=self.dtype, device=self.device)
         mask = mask.masked_fill_(hidden, float("-inf"))[:, None, None, :]
         return [(s, e, mask[s:e, :, :, :width]) for s, e, width in _length_groups(lengths)]
@@ -213,6 +270,34 @@ class InputBuilder:
             self._last_decode = []
             return None, True
         return self._buffer_len, True
+
+
+def _collect(value: Any, found: dict[int, torch.Tensor]) -> None:
+    """Every tensor in a context (its fields, lists, tuples, paged step), once each."""
+    if isinstance(value, torch.Tensor):
+        found.setdefault(id(value), value)
+    elif isinstance(value, list | tuple):
+        for v in value:
+            _collect(v, found)
+    elif isinstance(value, ForwardContext | PagedStep):
+        for f in dataclasses.fields(value):
+            _collect(getattr(value, f.name), found)
+
+
+def _replace(value: Any, uploaded: dict[int, torch.Tensor]) -> Any:
+    """`value` with each collected tensor swapped for its upload (a new context)."""
+    if isinstance(value, torch.Tensor):
+        return uploaded[id(value)]
+    if isinstance(value, list):
+        return [_replace(v, uploaded) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_replace(v, uploaded) for v in value)
+    if isinstance(value, ForwardContext | PagedStep):
+        names = [f.name for f in dataclasses.fields(value)]
+        return type(value)(**{name: _replace(getattr(value, name), uploaded) for name in names})
+    if isinstance(value, dict):  # the window masks, made on first use: none yet
+        return {}
+    return value
 
 
 def _prompt_positions(seq: Sequence, start: int, n: int) -> tuple[int, int]:

@@ -2,14 +2,15 @@
 sequence that fed its last uncomputed token (a prefill chunk short of that samples nothing)."""
 
 import copy
-import dataclasses
+import logging
 from dataclasses import dataclass
 
 import torch
 
 from .config import EngineConfig
-from .cuda_graphs import Capture, CudaGraphCapture, DecodeGraphs
+from .cuda_graphs import Capture, CudaGraphCapture, DecodeGraphs, graph_pool_estimate
 from .errors import ConfigError
+from .kernel_warmup import compile_kernels
 from .kv_cache import allocate_kv_cache, kv_cache_budget
 from .lora.slots import LoRASlots
 from .model.context import ForwardContext, LoRAStep, SlotRows, forward_context
@@ -18,11 +19,13 @@ from .model.loader import load_weights
 from .model_inputs import ForwardInputs, InputBuilder
 from .parallel.group import min_over_ranks
 from .parallel.plan import ShardPlan
-from .parallel_workers import SlotWrite, StepInputs, Workers, move_context
+from .parallel_workers import SlotWrite, StepInputs, Workers
 from .sampler import Sampler, SamplerOutput, prompt_logprobs
 from .scheduler import ScheduledBatch
 from .sequence import Sequence
 from .utils import default_dtype
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -61,6 +64,8 @@ class ModelRunner:
         self._load_model(plan)
         # LoRA slots come before the KV cache: allocated once, their bytes leave the KV budget.
         self.lora_slots = self._make_lora_slots()
+        # every kernel variant compiles before the first step (and before /readyz answers)
+        self.kernel_warmup = compile_kernels(self.config, self.device)
         if self.device.type == "cuda":
             self._warm_up()
         # Not under tensor parallelism: every rank would have to replay its graph in step.
@@ -96,6 +101,7 @@ class ModelRunner:
             max(self.max_num_batched_tokens, config.max_num_seqs),
             extra_bytes=config.lora_extra_bytes,
             max_saved_params=config.max_saved_module_params,
+            deterministic=config.deterministic_kernels,
         )
         if self.workers is not None:
             slots.journal = []  # the other ranks repeat rank 0's slot writes
@@ -108,7 +114,18 @@ class ModelRunner:
             kv_config = copy.copy(self.config)
             kv_config.model_config = plan.local_config()
         lora_bytes = self.lora_slots.nbytes if self.lora_slots is not None else 0
-        blocks = kv_cache_budget(kv_config, self.device, lora_bytes) // kv_config.kv_block_bytes
+        assert self.config.max_cudagraph_capture_size is not None  # resolved by EngineConfig
+        self.graph_estimate = graph_pool_estimate(
+            self.config.model_config,
+            self.config.torch_dtype,
+            self.config.max_cudagraph_capture_size,
+            -(-self.max_model_len // self.block_size),
+        )
+        # the graphs are captured after the cache: on CUDA, where the runner captures them,
+        # the budget keeps room for their pool
+        reserve = self.graph_estimate.total if graphs_allowed and self.device.type == "cuda" else 0
+        budget = kv_cache_budget(kv_config, self.device, lora_bytes, graph_bytes=reserve)
+        blocks = budget // kv_config.kv_block_bytes
         if plan is not None:  # every rank holds the same blocks: the fewest any can
             blocks = min_over_ranks(blocks, self.device)
         # Decode graphs pad their batches; the padding rows write into one block of their
@@ -149,8 +166,24 @@ class ModelRunner:
         if cuda:
             torch.cuda.synchronize(self.device)
             self.graph_bytes = free_before - torch.cuda.mem_get_info(self.device)[0]
+            self._log_graph_bytes()
         else:
             self.graph_bytes = self.graphs.buffers.nbytes
+
+    def _log_graph_bytes(self) -> None:
+        """The graphs' measured memory against the estimate the KV budget kept for them
+        (when gpu_memory_utilization sizes it)."""
+        estimate = self.graph_estimate.total
+        measured = f"CUDA graphs took {self.graph_bytes / 2**20:.1f} MiB"
+        if self.graph_bytes > estimate:
+            logger.warning(
+                "%s, beyond the %.1f MiB estimated and kept free for them: the device may "
+                "run out of memory; lower gpu_memory_utilization or max_cudagraph_capture_size",
+                measured,
+                estimate / 2**20,
+            )
+        else:
+            logger.info("%s (estimated %.1f MiB)", measured, estimate / 2**20)
 
     def _on_graphs(self, batch: ScheduledBatch) -> bool:
         return self.graphs is not None and self.graphs.takes(batch.decodes, bool(batch.prefills))
@@ -158,7 +191,14 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> tuple[list[Sequence], SamplerOutput]:
         """Run one step: the sequences that sampled a token, and their tokens. Prompt
-        logprobs are appended to their sequences on the way."""
+        logprobs are appended to their sequences on the way. Under tensor parallelism the
+        whole step, up to its host sync, must finish within the workers' deadline."""
+        if self.workers is None:
+            return self._run(batch)
+        with self.workers.watch_step():
+            return self._run(batch)
+
+    def _run(self, batch: ScheduledBatch) -> tuple[list[Sequence], SamplerOutput]:
         if self._on_graphs(batch):
             assert self.graphs is not None
             logits = self.graphs.forward(self.input_builder.decode_rows(batch.decodes))
@@ -180,25 +220,28 @@ class ModelRunner:
         else:
             logits = self._forward_all_ranks(step.forward)
         prompt = [(seq, first, logits[at : at + k]) for seq, first, at, k in step.prompt_spans]
-        return StepLogits(step.samplers, logits[step.sample_at], prompt)
+        if step.sample_at != list(range(len(logits))):  # a decode step's rows are its samplers'
+            logits = logits[step.sample_at]  # (an index list is one more upload)
+        return StepLogits(step.samplers, logits, prompt)
 
     def _forward(self, inputs: ForwardInputs) -> torch.Tensor:
-        """The logits (float32) of `inputs.rows` of the fed tokens."""
-        ctx, tensor = inputs.ctx, self.input_builder.tensor
+        """The logits (float32) of `inputs.rows` of the fed tokens, after one upload."""
+        on_device = self.input_builder.upload(inputs)
+        ctx = on_device.ctx
         ctx.lora = self._lora_step(inputs.lora_slots)
         with forward_context(ctx):
-            hidden: torch.Tensor = self.model(tensor(inputs.input_ids), tensor(inputs.positions))
+            hidden: torch.Tensor = self.model(on_device.input_ids, on_device.positions)
             if ctx.lora is not None:  # lm_head sees the sampled rows only
                 ctx.lora_head = self._lora_head([inputs.lora_slots[r] for r in inputs.rows])
-            logits = self.model.compute_logits(hidden[tensor(inputs.rows)]).float()
+            logits = self.model.compute_logits(hidden[on_device.rows]).float()
         return logits
 
     def _forward_all_ranks(self, inputs: ForwardInputs) -> torch.Tensor:
-        """Rank 0's step under tensor parallelism: the inputs to every rank, then the
-        forward they run together. A lost rank fails the step with RankFailedError."""
+        """Rank 0's step under tensor parallelism: the host inputs to every rank (each
+        uploads its own), then the forward they run together. A lost rank fails the step
+        with RankFailedError."""
         assert self.workers is not None
-        on_cpu = dataclasses.replace(inputs, ctx=move_context(inputs.ctx, torch.device("cpu")))
-        self.workers.send(StepInputs(on_cpu, self._slot_writes()))
+        self.workers.send(StepInputs(inputs, self._slot_writes()))
         try:
             return self._forward(inputs)
         except RuntimeError as e:  # a collective failed: a rank died or timed out
@@ -214,8 +257,7 @@ class ModelRunner:
     @torch.inference_mode()
     def follow(self, inputs: StepInputs) -> None:
         """Ranks 1..N-1: run rank 0's step on this rank's shard (the logits are rank 0's)."""
-        forward = inputs.forward
-        self._forward(dataclasses.replace(forward, ctx=move_context(forward.ctx, self.device)))
+        self._forward(inputs.forward)
 
     def check_ranks(self) -> None:
         """Raise RankFailedError once a rank of a tensor-parallel engine is lost."""

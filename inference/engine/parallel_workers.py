@@ -7,10 +7,12 @@ repeats rank 0's slot writes with its own copy of each adapter, its shard, read 
 same folder during rank 0's load and held as long as rank 0 holds one (parallel_adapters.py),
 so a folder gone from disk fails that adapter's load, never a step.
 
-Nothing hangs on a lost rank: a watchdog thread in rank 0 notices a worker that exited and
-fails the engine (its requests end with RankFailedError, readiness turns false); a
-collective with a silent rank fails after the group's timeout (parallel/group.py); a worker
-whose rank 0 went away sees its pipe close and exits.
+Nothing hangs on a lost rank: a watchdog thread in rank 0 fails the engine (its requests end
+with RankFailedError, readiness turns false) when a worker exits, or when a step runs past
+LORAPLEX_TP_TIMEOUT_SECONDS, a rank having stopped answering: it then kills the workers and
+aborts the group, which ends the collective or host sync the step waits in, on gloo and on
+NCCL alike (parallel/fail_fast.py); a worker whose rank 0 went away sees its pipe close and
+exits.
 """
 
 import contextlib
@@ -22,20 +24,20 @@ import os
 import pickle
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 
 from .config import EngineConfig
 from .errors import ConfigError
 from .lora.slots import LoRASlots
-from .model.context import ForwardContext, PagedStep
 from .model_inputs import ForwardInputs
-from .parallel.group import free_address, join_group, leave_group
+from .parallel.fail_fast import StepClock, abort_group
+from .parallel.group import TIMEOUT_ENV, free_address, join_group, leave_group, timeout_seconds
 from .parallel_adapters import RankLoads, WorkerAdapters, serve_loads
 from .request import LoRARequest
 
@@ -58,9 +60,10 @@ class RankFailedError(RuntimeError):
 
 @dataclass
 class StepInputs:
-    """What every rank needs to run rank 0's step: its forward's inputs (the context on the
-    CPU, without its LoRA fields, which each rank builds), the slot writes since the last
-    step, and, by rank, the adapter copies to let go after them."""
+    """What every rank needs to run rank 0's step: its forward's inputs as rank 0 built them
+    on the host (each rank uploads them itself, so nothing comes back from rank 0's
+    device), the slot writes since the last step, and, by rank, the adapter copies to let go
+    after them."""
 
     forward: ForwardInputs
     writes: list[SlotWrite]
@@ -90,28 +93,6 @@ def process_name(rank: int) -> str:
 def device_for(config: EngineConfig, rank: int) -> torch.device:
     device = torch.device(config.device)
     return torch.device("cuda", rank) if device.type == "cuda" else device
-
-
-def move_context(ctx: ForwardContext, device: torch.device) -> ForwardContext:
-    """The context with every tensor on `device` (LoRA fields dropped)."""
-    moved = {f.name: _move(getattr(ctx, f.name), device) for f in dataclasses.fields(ctx)}
-    moved.update(lora=None, lora_head=None, window_masks={})
-    return ForwardContext(**moved)
-
-
-def _move(value: Any, device: torch.device) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.to(device)
-    if isinstance(value, list):
-        return [_move(v, device) for v in value]
-    if isinstance(value, tuple):
-        return tuple(_move(v, device) for v in value)
-    if isinstance(value, PagedStep):
-        return dataclasses.replace(
-            value,
-            **{f.name: _move(getattr(value, f.name), device) for f in dataclasses.fields(value)},
-        )
-    return value
 
 
 class Workers:
@@ -148,6 +129,7 @@ class Workers:
         self.loads = RankLoads(load_pipes)  # the adapter loader's way to the other ranks
         self.failure: RankFailedError | None = None
         self.on_failure: Callable[[], None] | None = None  # the engine's wakeup
+        self.clock = StepClock(timeout_seconds())
         self._closing = threading.Event()
         self._watchdog = threading.Thread(
             target=self._watch, name="loraplex-tp-watchdog", daemon=True
@@ -162,6 +144,25 @@ class Workers:
     def check(self) -> None:
         if self.failure is not None:
             raise self.failure
+
+    @contextlib.contextmanager
+    def watch_step(self) -> Iterator[None]:
+        """Rank 0's step, its host sync included, under the deadline: one that fails once
+        the group has raises the group's error, and one that took the deadline or longer
+        fails even if it returned (under NCCL, an aborted collective's results are void)."""
+        self.check()
+        self.clock.start()
+        try:
+            yield
+        except Exception as e:
+            if self.failure is not None and e is not self.failure:
+                raise self.failure from e
+            raise
+        finally:
+            elapsed = self.clock.stop()
+        if self.failure is None and elapsed >= self.clock.deadline:
+            self.failure = self._hung(elapsed)
+        self.check()
 
     def send(self, inputs: StepInputs) -> None:
         self.check()
@@ -193,19 +194,37 @@ class Workers:
                     f"{process.exitcode}; the engine cannot run without it"
                 )
 
+    def _hung(self, elapsed: float) -> RankFailedError:
+        return RankFailedError(
+            f"a tensor-parallel step did not finish within {self.clock.deadline:g} s "
+            f"({TIMEOUT_ENV}; {elapsed:.1f} s so far): a rank stopped answering"
+        )
+
     def _watch(self) -> None:
+        """Until closed: fail the engine on a worker's exit or a step past the deadline; then
+        kill the workers left and abort the group, which ends the collective or host sync a
+        step may be waiting in (NCCL's do not end on their own), and wake the engine."""
         while not self._closing.wait(WATCH_INTERVAL_SECONDS):
             if self.failure is None:
                 self._scan()
-                if self.failure is not None:
-                    logger.error("%s", self.failure)
-                    if self.on_failure is not None:
-                        self.on_failure()
-                    return
+                elapsed = self.clock.overdue()
+                if self.failure is None and elapsed is not None:
+                    self.failure = self._hung(elapsed)
+            if self.failure is not None:
+                logger.error("%s", self.failure)
+                for process in self.processes:
+                    process.kill()
+                abort_group()
+                if self.on_failure is not None:
+                    self.on_failure()
+                return
 
     def close(self) -> None:
-        """Stop the workers (an empty message), then leave the group."""
+        """Stop the workers (an empty message), then leave the group (once the watchdog, which
+        may be aborting it, has returned)."""
         self._closing.set()
+        if self._watchdog is not threading.current_thread():
+            self._watchdog.join(STOP_TIMEOUT_SECONDS)
         for pipe in self.pipes:
             with contextlib.suppress(OSError):  # a dead rank's pipe is already broken
                 pipe.send_bytes(b"")

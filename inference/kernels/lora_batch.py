@@ -36,6 +36,10 @@ class LoRABatch:
     max_slot: int  # highest slot used, -1 if none; checked against the stacked weights
     path: str  # "sgmv" (segments) or "bgmv" (one program per token)
     backend: str  # "torch" or "triton"
+    # Triton: no shrink splits its reduction over programs, whose fp32 atomics add in an
+    # order that changes run to run (lora_triton.launch_tiles); the engine's
+    # deterministic_kernels setting
+    deterministic: bool = False
 
     @property
     def num_segments(self) -> int:
@@ -75,12 +79,14 @@ def make_lora_batch(
     device: torch.device | str | None = None,
     path: str | None = None,
     backend: str | None = None,
+    deterministic: bool = False,
 ) -> LoRABatch:
     """Group tokens by adapter slot. One host copy of the slots, one sort, one upload.
 
     `device` defaults to token_slots' device; an engine that builds the slots on the host
     passes its device here and skips a device-to-host copy. `path` and `backend` default to
-    the heuristic and `select_backend`; benchmarks and tests force them.
+    the heuristic and `select_backend`; benchmarks and tests force them. `deterministic`:
+    see LoRABatch.
     """
     _check_token_slots(token_slots)
     device = token_slots.device if device is None else torch.device(device)
@@ -93,7 +99,7 @@ def make_lora_batch(
         raise ValueError(
             f"token slot {int(host.min())} is invalid: slots are >= 0, or -1 for no adapter"
         )
-    return _upload(host, _segments(host), device, path, backend)
+    return _upload(host, _segments(host), device, path, backend, deterministic)
 
 
 def _check_token_slots(token_slots: object) -> None:
@@ -138,16 +144,28 @@ def _segments(host: torch.Tensor) -> _Segments:
 
 
 def _upload(
-    host: torch.Tensor, segs: _Segments, device: torch.device, path: str | None, backend: str
+    host: torch.Tensor,
+    segs: _Segments,
+    device: torch.device,
+    path: str | None,
+    backend: str,
+    deterministic: bool,
 ) -> LoRABatch:
-    """One upload for the whole table instead of one per field; the host keeps the segments
-    for launch grids and the CPU loop."""
-    packed = torch.cat(
-        [host, segs.active_ids, segs.starts, segs.lens, segs.slots, segs.padded_rows]
-    )
+    """One upload for the whole table instead of one per field, to CUDA from pinned memory
+    without waiting (from pageable memory the copy would wait for the device's queued
+    work); the host keeps the segments for launch grids and the CPU loop."""
+    parts = [host, segs.active_ids, segs.starts, segs.lens, segs.slots, segs.padded_rows]
+    # every field starts 16-byte aligned (an even count of int64 before it), whatever the
+    # step's sizes: Triton compiles a variant per pointer alignment, and start-up compiles
+    # the aligned one only (inference/engine/kernel_warmup.py)
+    packed = torch.cat([torch.cat([p, p.new_zeros(p.numel() % 2)]) for p in parts])
     n_tok, n_act, n_seg = host.numel(), segs.active_ids.numel(), segs.slots.numel()
-    token_dev, ids_dev, starts_dev, lens_dev, slots_dev, padded_dev = packed.to(device).split(
-        [n_tok, n_act, n_seg, n_seg, n_seg, n_act]
+    if device.type == "cuda":
+        packed = packed.pin_memory()
+    on_device = packed.to(device, non_blocking=device.type == "cuda")
+    fields = on_device.split([p.numel() + p.numel() % 2 for p in parts])
+    token_dev, ids_dev, starts_dev, lens_dev, slots_dev, padded_dev = (
+        f[: p.numel()] for f, p in zip(fields, parts, strict=True)
     )
     segments = tuple(
         zip(segs.slots.tolist(), segs.starts.tolist(), segs.lens.tolist(), strict=True)
@@ -167,10 +185,11 @@ def _upload(
         max_slot=int(segs.slots[-1]) if n_seg else -1,
         path=path,
         backend=backend,
+        deterministic=deterministic,
     )
 
 
-def static_decode_batch(token_slots: torch.Tensor) -> LoRABatch:
+def static_decode_batch(token_slots: torch.Tensor, deterministic: bool = False) -> LoRABatch:
     """A BGMV batch over a buffer of token slots (-1 = no adapter) that a CUDA graph reads
     on every replay: the Triton kernels look each token's slot up on the device, so the
     buffer's contents may change between replays while every launch stays the same.
@@ -199,4 +218,5 @@ def static_decode_batch(token_slots: torch.Tensor) -> LoRABatch:
         max_slot=-1,
         path="bgmv",
         backend="triton",
+        deterministic=deterministic,
     )

@@ -6,6 +6,7 @@ A merged linear (q/k/v, gate/up) passes one A/B pair per output slice; slice i w
 columns [offset_i, offset_i + width_i) of `out`, offsets following the list order.
 """
 
+from collections.abc import Iterable
 from types import ModuleType
 
 import torch
@@ -22,6 +23,26 @@ def _impl(batch: LoRABatch) -> ModuleType:
 
         return lora_triton
     return lora_torch
+
+
+def check_tiles(
+    stacks: Iterable[tuple[list[torch.Tensor], list[torch.Tensor]]], max_tokens: int, backend: str
+) -> None:
+    """Once at start-up, for the (A, B) stacks of every target linear: ValueError naming the
+    tile-table entry a launch of the kernels could not run on the stacks' device (see
+    lora_triton.check_tiles), so a bad table fails the start and never a request."""
+    if backend != "triton":
+        return
+    from inference.kernels import lora_triton
+
+    hiddens: dict[str, set[int]] = {"shrink": set(), "expand": set()}
+    device, itemsize, rank = None, 2, 0
+    for lora_a, lora_b in stacks:
+        hiddens["shrink"].add(lora_a[0].shape[2])
+        hiddens["expand"].add(max(b.shape[1] for b in lora_b))
+        device, itemsize, rank = lora_a[0].device, lora_a[0].element_size(), lora_a[0].shape[1]
+    if device is not None:
+        lora_triton.check_tiles(device, itemsize, rank, hiddens, max_tokens)
 
 
 def lora_shrink(

@@ -10,18 +10,21 @@ The JSON file, bench/results/lora_tiles_<gpu>.json (<gpu> from `gpu_slug`):
     {"gpu": "NVIDIA H200", "entries": [{"op": "shrink", "path": "bgmv", "rank": 16,
       "hidden": 4096, "batch": 1, "tiles": {"block_k": 256, "split_k": 16, ...}}, ...]}
 Its entries override the defaults of the same key; tile fields it leaves out keep Tiles'
-defaults. A file that breaks these rules is refused with the reason, never half-used.
+defaults. A file that breaks these rules, or names a tile the device cannot launch
+(tile_limits.py), is refused with the entry and the reason, never half-used.
 """
 
 import functools
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, fields
 from itertools import product
 from pathlib import Path
 from typing import Any
+
+from inference.kernels.tile_limits import DeviceLimits, launch_problem
 
 OPS = ("shrink", "expand")
 PATHS = ("sgmv", "bgmv")
@@ -127,12 +130,13 @@ def default_tiles(op: str, path: str, rank: int, hidden: int, batch: int) -> Til
         return Tiles(block_m=block_m, block_k=block_k, split_k=min(split, 16), num_stages=3)
     # Prefill expand: tl.dot of the token block's y (M x R) with B's R x BLOCK_N tile, one
     # output tile written (and read, to add) per program: 128 columns = 256 B rows. No loop.
-    # At rank 64 B's tile is 4x rank 16's, so 8 warps share it.
+    # At rank 64 B's tile is 4x rank 16's, so 8 warps share it; so do 64 x 128 output tiles,
+    # whose accumulator and added output at 4 warps use all 255 registers and spill on sm_80.
     block_m = 64 if batch >= 64 else _clamp(_pow2_at_least(batch), 16, 64)
     wide_enough = (batch // block_m) * (hidden // 128) >= PROGRAMS_IN_FLIGHT
     block_n = 128 if wide_enough else 64
-    return Tiles(block_m=block_m, block_n=block_n, num_warps=8 if block_r >= 64 else 4,
-                 num_stages=1)  # fmt: skip
+    warps = 8 if block_r >= 64 or block_m * block_n >= 64 * 128 else 4
+    return Tiles(block_m=block_m, block_n=block_n, num_warps=warps, num_stages=1)
 
 
 class TileTable:
@@ -155,8 +159,11 @@ class TileTable:
         return tiles
 
     def _nearest(self, key: TileKey) -> Tiles:
+        return self.entries[self._nearest_key(key)]
+
+    def _nearest_key(self, key: TileKey) -> TileKey:
         if key in self.entries:
-            return self.entries[key]
+            return key
         candidates = [k for k in self.entries if k[:2] == key[:2]]
         if not candidates:
             raise ValueError(f"the tile table has no {key[0]}/{key[1]} entry")
@@ -166,7 +173,28 @@ class TileTable:
             gap = sum(abs(math.log2(max(a, 1) / max(b, 1))) for a, b in pairs)
             return gap, k  # ties: the smaller key, so the choice never depends on order
 
-        return self.entries[min(candidates, key=distance)]
+        return min(candidates, key=distance)
+
+    def reachable(self, op: str, path: str, rank: int, hidden: int, max_batch: int) -> set[TileKey]:
+        """The keys whose tiles a lookup of (op, path, rank, hidden, b) returns for some b in
+        1..max_batch. A key's distance minus another's is monotonic in log2(b), so each key
+        wins over one interval of batches: where both ends of a range agree, so does all of
+        it, and bisecting finds every key with a few dozen lookups."""
+
+        def winner(batch: int) -> TileKey:
+            return self._nearest_key((op, path, rank, hidden, batch))
+
+        found: set[TileKey] = set()
+        ranges = [(1, max(1, max_batch), winner(1), winner(max(1, max_batch)))]
+        while ranges:
+            low, high, low_key, high_key = ranges.pop()
+            if low_key == high_key or high - low <= 1:
+                found.update((low_key, high_key))
+                continue
+            mid = (low + high) // 2
+            mid_key = winner(mid)
+            ranges += [(low, mid, low_key, mid_key), (mid, high, mid_key, high_key)]
+        return found
 
     def to_json(self, gpu: str, keys: list[TileKey] | None = None) -> dict[str, Any]:
         """The file format (see the module docstring), of `keys` or every entry."""
@@ -208,9 +236,20 @@ def _entry(row: object) -> tuple[TileKey, Tiles]:
     return key, Tiles(**tiles)
 
 
-def load_table(path: Path, base: TileTable = DEFAULT_TABLE) -> TileTable:
+def describe(key: TileKey) -> str:
+    """A key as the file spells it: (op=shrink, path=sgmv, rank=64, hidden=4096, batch=512)."""
+    return f"({', '.join(f'{name}={value}' for name, value in zip(KEY_FIELDS, key, strict=True))})"
+
+
+def load_table(
+    path: Path,
+    base: TileTable = DEFAULT_TABLE,
+    limits: DeviceLimits | None = None,
+    itemsize: int = 2,
+) -> TileTable:
     """`base` with the file's entries in place of its own: ValueError naming the file and the
-    entry at fault if the file is not a valid table."""
+    entry at fault if the file is not a valid table, or, given a device's `limits`, if an
+    entry's tiles could not launch there at its rank with `itemsize`-byte elements."""
     try:
         data = json.loads(Path(path).read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
@@ -225,8 +264,21 @@ def load_table(path: Path, base: TileTable = DEFAULT_TABLE) -> TileTable:
             raise ValueError(f"LoRA tile table {path}: entries[{i}]: {error}") from None
         if key in entries:
             raise ValueError(f"LoRA tile table {path}: entries[{i}]: key {key} appears twice")
+        if limits is not None and (
+            problem := launch_problem(key[0], key[1], tiles, key[2], itemsize, limits)
+        ):
+            raise ValueError(f"LoRA tile table {path}: entries[{i}] {describe(key)}: {problem}")
         entries[key] = tiles
     return base.merged(entries)
+
+
+def check_defaults(limits: DeviceLimits, itemsize: int = 2) -> None:
+    """The default table's tiles against a device's limits: ValueError naming the first that
+    could not launch (defaults reasoned for Hopper, on a smaller GPU)."""
+    for key, tiles in DEFAULT_TABLE.entries.items():
+        problem = launch_problem(key[0], key[1], tiles, key[2], itemsize, limits)
+        if problem:
+            raise ValueError(f"the default LoRA tile table: {describe(key)}: {problem}")
 
 
 def gpu_slug(name: str) -> str:
@@ -239,11 +291,38 @@ def table_file(gpu_name: str, results_dir: Path = RESULTS_DIR) -> Path:
     return results_dir / f"lora_tiles_{gpu_slug(gpu_name)}.json"
 
 
+def check_reachable(
+    table: TileTable,
+    limits: DeviceLimits,
+    itemsize: int,
+    rank: int,
+    hiddens: Mapping[str, Collection[int]],
+    max_batch: int,
+) -> None:
+    """Every entry a lookup at `rank` can reach, for `hiddens` per op and batches up to
+    `max_batch` on either path, checked at that rank (an engine pads every adapter to one
+    rank, which may not be the entry's): ValueError naming the first that cannot launch."""
+    for op, sizes in hiddens.items():
+        for path, hidden in product(PATHS, sorted(set(sizes))):
+            for key in sorted(table.reachable(op, path, rank, hidden, max_batch)):
+                problem = launch_problem(op, path, table.entries[key], rank, itemsize, limits)
+                if problem:
+                    raise ValueError(f"{describe(key)} at rank {rank}: {problem}")
+
+
 @functools.lru_cache(maxsize=16)
-def table_for_gpu(gpu_name: str | None, results_dir: Path = RESULTS_DIR) -> TileTable:
+def table_for_gpu(
+    gpu_name: str | None,
+    results_dir: Path = RESULTS_DIR,
+    limits: DeviceLimits | None = None,
+    itemsize: int = 2,
+) -> TileTable:
     """The table for a GPU model: its tuned file when there is one, else the defaults.
-    None (a CPU under the interpreter) always gets the defaults. Read once per process."""
+    None (a CPU under the interpreter) always gets the defaults. Given the device's
+    `limits`, a tile it could not launch is refused (ValueError). Read once per process."""
     if gpu_name is None:
         return DEFAULT_TABLE
+    if limits is not None:
+        check_defaults(limits, itemsize)
     path = table_file(gpu_name, results_dir)
-    return load_table(path) if path.is_file() else DEFAULT_TABLE
+    return load_table(path, limits=limits, itemsize=itemsize) if path.is_file() else DEFAULT_TABLE

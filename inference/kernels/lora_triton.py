@@ -9,24 +9,30 @@ The slices of a merged linear (q/k/v, gate/up) are separate stacked tensors. The
 and per-slice strides and widths go to the kernel through a small int64 table (cached, since
 the engine allocates the stacks once), so one launch covers every slice.
 
-On a GPU, bf16/fp16 tiles upcast to fp32 are exact in tf32, so their dots use tensor cores
-without losing input bits; fp32 inputs use full-precision dots to match the torch reference.
+Numerics (triton_kernels.py says why): with bf16/fp16 weights the SGMV dots run on tf32
+tensor cores, exact for the shrink; the expand rounds y (fp32) to tf32. fp32 weights use
+IEEE dots to match the torch reference. Split-K shrinks meet by fp32 atomics, whose order
+varies run to run; a deterministic batch (the engine's deterministic_kernels setting,
+LoRABatch.deterministic) turns the split off, so every sum runs in one program in a fixed
+order.
 Set TRITON_INTERPRET=1 before importing this module to run it on CPU tensors (tests only).
 
 Tile sizes, the split of a shrink's reduction and num_warps / num_stages come from the tile
 table (lora_tiles.py) for the device's GPU model, looked up in `launch_tiles` for every
-launch; `tiles=` forces one choice (the tuner and tests).
+launch; `tiles=` forces one choice (the tuner and tests). `check_tiles` refuses, at engine
+start, a table entry the device could not launch (tile_limits.py).
 """
 
 import dataclasses
 import functools
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 import torch
 import triton
 
 from inference.kernels.lora_batch import LoRABatch
-from inference.kernels.lora_tiles import Tiles, TileTable, table_for_gpu
+from inference.kernels.lora_tiles import Tiles, TileTable, check_reachable, table_for_gpu
+from inference.kernels.tile_limits import device_limits
 from inference.kernels.triton_kernels import (
     bgmv_expand_kernel,
     bgmv_shrink_kernel,
@@ -37,7 +43,10 @@ from inference.kernels.triton_kernels import (
 # Never dropped: a captured CUDA graph keeps their addresses (a few int64s per weight stack)
 _tables: dict[tuple[torch.device, tuple[tuple[int, ...], ...]], torch.Tensor] = {}
 _FITTED_CACHE_SIZE = 1024
-_fitted: dict[tuple[Tiles, int, int], Tiles] = {}
+_fitted: dict[tuple[Tiles, int, int, int], Tiles] = {}
+# fp32 SGMV shrinks use IEEE dots (FMAs, operands in registers) on the tile table's 16-bit
+# tiles: a 64 x 128 x tile at rank 32 spills ~11 KB per thread on sm_80; 64-wide K fits.
+FP32_SHRINK_BLOCK_K = 64
 
 
 def _runs(weights: list[torch.Tensor]) -> list[tuple[int, int]]:
@@ -64,34 +73,77 @@ def _block_r(rank: int) -> int:
 
 
 @functools.lru_cache(maxsize=8)
-def _device_table(device: torch.device) -> TileTable:
-    return table_for_gpu(torch.cuda.get_device_name(device) if device.type == "cuda" else None)
+def _device_table(device: torch.device, itemsize: int = 2) -> TileTable:
+    if device.type != "cuda":
+        return table_for_gpu(None)
+    name = torch.cuda.get_device_name(device)
+    return table_for_gpu(name, limits=device_limits(device), itemsize=itemsize)
+
+
+def check_tiles(
+    device: torch.device,
+    itemsize: int,
+    rank: int,
+    hiddens: Mapping[str, Collection[int]],
+    max_tokens: int,
+) -> None:
+    """Refuse now, not on a request, a tile the engine could launch on `device` that cannot
+    run there: the device's table loads with its limits (its file's entries checked at
+    their own rank), then every entry the engine's lookups can reach is checked at this
+    rank (`check_reachable`). Launches only ever shrink the table's tiles (`launch_tiles`)."""
+    table = _device_table(device, itemsize)
+    if device.type != "cuda":
+        return
+    try:
+        check_reachable(table, device_limits(device), itemsize, rank, hiddens, max_tokens)
+    except ValueError as error:
+        raise ValueError(
+            f"LoRA tile table for {torch.cuda.get_device_name(device)}: {error}"
+        ) from None
 
 
 def launch_tiles(
-    op: str, batch: LoRABatch, rank: int, hidden: int, device: torch.device, tiles: Tiles | None
+    op: str,
+    batch: LoRABatch,
+    rank: int,
+    hidden: int,
+    device: torch.device,
+    tiles: Tiles | None,
+    itemsize: int = 2,
 ) -> Tiles:
     """The tiles of one launch: the table's (or the forced) choice, fitted to the batch. A
-    token block is no taller than the longest segment needs, a split no finer than K's tiles
-    (hidden is K for a shrink)."""
+    token block is no taller than the longest segment needs, an fp32 SGMV shrink's K tile no
+    wider than FP32_SHRINK_BLOCK_K, a split no finer than K's tiles (hidden is K for a
+    shrink), and none for a deterministic batch: a split's programs add
+    their partial sums with fp32 atomics in whatever order they finish, so a sum's last bits
+    (and then a greedy near-tie) could change run to run; unsplit, each sum is one
+    program's loop. That costs small batches their parallelism: at decode batch 1, about
+    one dependent load per K tile (16 at K 4096) instead of one in all."""
     if tiles is None:
-        tiles = _device_table(device).lookup(op, batch.path, rank, hidden, batch.num_tokens)
-    block_m = tiles.block_m
+        table = _device_table(device, itemsize)
+        tiles = table.lookup(op, batch.path, rank, hidden, batch.num_tokens)
+    block_m, block_k = tiles.block_m, tiles.block_k
     if batch.path == "sgmv":
         block_m = min(block_m, max(16, int(triton.next_power_of_2(batch.max_seg_len))))
-    split_k = min(tiles.split_k, triton.cdiv(hidden, tiles.block_k)) if op == "shrink" else 1
-    if block_m == tiles.block_m and split_k == tiles.split_k:
+        if op == "shrink" and itemsize >= 4:
+            block_k = min(block_k, FP32_SHRINK_BLOCK_K)
+    split_k = min(tiles.split_k, triton.cdiv(hidden, block_k)) if op == "shrink" else 1
+    if batch.deterministic:
+        split_k = 1
+    if (block_m, block_k, split_k) == (tiles.block_m, tiles.block_k, tiles.split_k):
         return tiles
-    key = (tiles, block_m, split_k)
+    key = (tiles, block_m, block_k, split_k)
     fitted = _fitted.get(key)
     if fitted is None:
         if len(_fitted) >= _FITTED_CACHE_SIZE:
             _fitted.clear()
-        fitted = _fitted[key] = dataclasses.replace(tiles, block_m=block_m, split_k=split_k)
+        fitted = dataclasses.replace(tiles, block_m=block_m, block_k=block_k, split_k=split_k)
+        _fitted[key] = fitted
     return fitted
 
 
 def _precision(dtype: torch.dtype) -> str:
+    """tl.dot's input precision for SGMV: tf32 with 16-bit weights (see triton_kernels.py)."""
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
@@ -115,7 +167,7 @@ def _shrink(
 ) -> None:
     n = len(lora_a)
     _, rank, k = lora_a[0].shape
-    t = launch_tiles("shrink", batch, rank, k, x.device, tiles)
+    t = launch_tiles("shrink", batch, rank, k, x.device, tiles, x.element_size())
     table = _table([(a.data_ptr(), a.stride(0)) for a in lora_a], x.device)
     split_k = t.split_k if y.dtype == torch.float32 else 1  # partial sums meet by fp32 atomics
     if split_k > 1:
@@ -174,7 +226,7 @@ def _expand(
     table = _table(rows, out.device)
     rank = lora_b[0].shape[2]
     width = max(b.shape[1] for b in lora_b)
-    t = launch_tiles("expand", batch, rank, width, out.device, tiles)
+    t = launch_tiles("expand", batch, rank, width, out.device, tiles, out.element_size())
     grid_n = triton.cdiv(width, t.block_n)
     strides = (rank, *y.stride(), lora_b[0].stride(1), lora_b[0].stride(2), *out.stride())
     launch = {"num_warps": t.num_warps, "num_stages": t.num_stages}

@@ -6,10 +6,12 @@ paged_attention_kernels.py, the torch reference in paged_attention_ref.py.
 
 Nothing here waits on the device or allocates by the data: launches depend on shapes only,
 so a decode step can be captured in a CUDA graph (pass `scratch` and `out` from static
-buffers, and a `num_splits` fixed for the graph). The caller guarantees what would cost a
-host sync to check: every context length fits its table row (context_lens[i] <=
-max_blocks * block_size), and the table entries of a sequence's attended blocks are valid
-block ids (entries behind a sliding window may be -1: they are never read).
+buffers, and a `num_splits` fixed for the graph). The kernels compile a variant per model
+shape and dtype, never per step: the split count and table width are run-time values. The
+caller guarantees what would cost a host sync to check: every context length fits its table
+row (context_lens[i] <= max_blocks * block_size), and the table entries of a sequence's
+attended blocks are valid block ids (entries behind a sliding window may be -1: they are
+never read).
 
 Set TRITON_INTERPRET=1 before importing this module to run it on CPU tensors (tests only).
 """
@@ -29,8 +31,12 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # split at least MIN_SPLIT_TOKENS tokens of the longest context a table can hold.
 TARGET_PROGRAMS = 256
 MIN_SPLIT_TOKENS = 256
-MAX_SPLITS = 32
+MAX_SPLITS = 32  # also the reduce kernel's tile over splits: any count up to it, one variant
 EXTEND_BLOCK_M = 64  # (token, query head) rows of an extend program
+# fp32 extend dots are IEEE (no tensor cores): 64 x 64 tiles of 128-wide heads need ~30 KB
+# of spilled registers per thread; 32 x 32 tiles fit
+EXTEND_BLOCK_M_FP32 = 32
+EXTEND_BLOCK_N_FP32 = 32
 
 
 def _pow2(n: int, least: int = 16) -> int:
@@ -93,8 +99,8 @@ def paged_decode(
     if num_splits is None:
         max_context = block_tables.shape[1] * block_size
         num_splits = decode_splits(num_seqs, kv_heads, max_context, window)
-    if not isinstance(num_splits, int) or num_splits < 1:
-        raise ValueError(f"num_splits must be a positive int, got {num_splits!r}")
+    if not isinstance(num_splits, int) or not 1 <= num_splits <= MAX_SPLITS:
+        raise ValueError(f"num_splits must be an int in 1..{MAX_SPLITS}, got {num_splits!r}")
     if out is None:
         out = torch.empty_like(q)
     if num_seqs == 0:
@@ -111,20 +117,19 @@ def paged_decode(
     block_n = _block_n(block_d)
     paged_decode_kernel[(num_seqs, kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, context_lens, out, part_out, part_lse,
-        float(scale), float(softcap or 1.0), int(window or 0),
+        float(scale), float(softcap or 1.0), int(window or 0), num_splits,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), block_tables.stride(0),
         *out.stride(), *part_out.stride()[:3], *part_lse.stride()[:2],
         HEAD_DIM=head_dim, GROUP=num_heads // kv_heads, BLOCK_SIZE=block_size,
-        NUM_SPLITS=num_splits, BLOCK_H=_pow2(num_heads // kv_heads), BLOCK_N=block_n,
+        SPLIT=num_splits > 1, BLOCK_H=_pow2(num_heads // kv_heads), BLOCK_N=block_n,
         BLOCK_D=block_d, SLIDING=window is not None, SOFTCAP=softcap is not None,
         PRECISION=_precision(q.dtype), num_warps=4 if block_d <= 128 else 8,
     )  # fmt: skip
     if num_splits > 1:
         paged_decode_reduce_kernel[(num_seqs, num_heads)](
-            part_out, part_lse, out,
+            part_out, part_lse, out, num_splits,
             *part_out.stride()[:3], *part_lse.stride()[:2], *out.stride(),
-            HEAD_DIM=head_dim, NUM_SPLITS=num_splits,
-            BLOCK_S=int(triton.next_power_of_2(num_splits)), BLOCK_D=block_d,
+            HEAD_DIM=head_dim, BLOCK_S=MAX_SPLITS, BLOCK_D=block_d,
         )  # fmt: skip
     return out
 
@@ -166,16 +171,18 @@ def paged_extend(
 
     _, block_size, kv_heads, _ = k_cache.shape
     group = num_heads // kv_heads
-    block_m = max(EXTEND_BLOCK_M, _pow2(group))
+    fp32 = q.dtype == torch.float32
+    block_m = max(EXTEND_BLOCK_M_FP32 if fp32 else EXTEND_BLOCK_M, _pow2(group))
     block_q = block_m // group
     block_d = _pow2(head_dim)
+    block_n = min(EXTEND_BLOCK_N_FP32, _block_n(block_d)) if fp32 else _block_n(block_d)
     paged_extend_kernel[(triton.cdiv(max_query_len, block_q), num_seqs, kv_heads)](
         q, k_cache, v_cache, block_tables, cu_seqlens_q, context_starts, out,
         float(scale), float(softcap or 1.0), int(window or 0),
         *q.stride(), *k_cache.stride(), *v_cache.stride(), block_tables.stride(0),
         *out.stride(),
         HEAD_DIM=head_dim, GROUP=group, BLOCK_SIZE=block_size, BLOCK_M=block_m,
-        BLOCK_Q=block_q, BLOCK_N=_block_n(block_d), BLOCK_D=block_d,
+        BLOCK_Q=block_q, BLOCK_N=block_n, BLOCK_D=block_d,
         SLIDING=window is not None, SOFTCAP=softcap is not None,
         PRECISION=_precision(q.dtype), num_warps=4 if block_d <= 128 else 8,
     )  # fmt: skip

@@ -12,7 +12,9 @@ looked up nor loaded: blocks behind a sliding window (table entry -1) are never 
 - Decode: a program owns one sequence, one KV head and one split of the context; its rows
   are the query heads of that KV head (GQA), so each K/V tile serves all of them. With more
   than one split, each writes its normalised partial output and log-sum-exp to scratch and
-  the reduce kernel merges them (flash-decoding).
+  the reduce kernel merges them (flash-decoding). How many splits is a run-time value
+  (only whether there are several is compiled in), so steps of any batch size or table
+  width reuse the variants compiled at start-up.
 - Extend (chunked prefill): a program owns a block of one sequence's new tokens for one KV
   head; its rows are (token, query head) pairs, token-major. The tokens attend causally to
   the sequence's cached prefix and to each other, all read from the cache (the layer has
@@ -145,33 +147,38 @@ def _attend(
 
 
 @triton.jit
-def _split_range(
-    context_len, window, split, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr,
-    SLIDING: tl.constexpr,
-):  # fmt: skip
+def _split_range(context_len, window, split, num_splits, BLOCK_N: tl.constexpr,
+                 SLIDING: tl.constexpr):  # fmt: skip
     """Keys [start, end) of one decode split. The query (position context_len - 1) sees keys
     [lo, context_len); each split takes an equal share of them, whole tiles, so short
     sequences leave the last splits empty."""
     lo = 0
     if SLIDING:
         lo = tl.maximum(context_len - window, 0)
-    share = tl.cdiv(tl.cdiv(context_len - lo, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    share = tl.cdiv(tl.cdiv(context_len - lo, num_splits), BLOCK_N) * BLOCK_N
     start = lo + split * share
     end = tl.minimum(start + share, context_len)
     return start, end
 
 
-@triton.jit
+# Arguments whose values change from step to step (the split count, the table width and the
+# scratch strides that follow them) are not specialised on: a new value must never mean a
+# new variant compiled while serving.
+_DECODE_RUNTIME = ("num_splits", "stride_bs", "stride_ps", "stride_ph", "stride_pk",
+                   "stride_ls", "stride_lh")  # fmt: skip
+
+
+@triton.jit(do_not_specialize=_DECODE_RUNTIME)
 def paged_decode_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr,
-    out_ptr, part_out_ptr, part_lse_ptr, scale, softcap, window,
+    out_ptr, part_out_ptr, part_lse_ptr, scale, softcap, window, num_splits,
     stride_qs, stride_qh, stride_qd,
     stride_kb, stride_kt, stride_kh, stride_kd,
     stride_vb, stride_vt, stride_vh, stride_vd,
     stride_bs, stride_os, stride_oh, stride_od,
     stride_ps, stride_ph, stride_pk, stride_ls, stride_lh,
     HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+    SPLIT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, SLIDING: tl.constexpr, SOFTCAP: tl.constexpr,
     PRECISION: tl.constexpr,
 ):  # fmt: skip
@@ -184,7 +191,7 @@ def paged_decode_kernel(
     mask_d = offs_d < HEAD_DIM
     q = load_tile(q_ptr + seq * stride_qs, heads, offs_d, stride_qh, stride_qd, mask_h, mask_d)
 
-    start, end = _split_range(context_len, window, split, NUM_SPLITS, BLOCK_N, SLIDING)
+    start, end = _split_range(context_len, window, split, num_splits, BLOCK_N, SLIDING)
     m_i, l_i, acc = _attend(
         q, k_cache_ptr, v_cache_ptr, block_tables_ptr + seq * stride_bs, kvh, offs_d, mask_d,
         start, end, context_len - 1, window, scale, softcap,
@@ -194,7 +201,7 @@ def paged_decode_kernel(
 
     out = _normalised(acc, l_i)
     mask_hd = mask_h[:, None] & mask_d[None, :]
-    if NUM_SPLITS == 1:
+    if not SPLIT:
         out_ptrs = (
             out_ptr + seq * stride_os + heads[:, None] * stride_oh + offs_d[None, :] * stride_od
         )
@@ -209,17 +216,16 @@ def paged_decode_kernel(
         tl.store(part_lse_ptr + seq * stride_ls + heads * stride_lh + split, lse, mask=mask_h)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_DECODE_RUNTIME)
 def paged_decode_reduce_kernel(
-    part_out_ptr, part_lse_ptr, out_ptr,
+    part_out_ptr, part_lse_ptr, out_ptr, num_splits,
     stride_ps, stride_ph, stride_pk, stride_ls, stride_lh, stride_os, stride_oh, stride_od,
-    HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
-    BLOCK_D: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
     """Merges one (sequence, head)'s splits, each weighted by exp(its log-sum-exp)."""
     seq, head = tl.program_id(0), tl.program_id(1)
     offs_s = tl.arange(0, BLOCK_S)
-    mask_s = offs_s < NUM_SPLITS
+    mask_s = offs_s < num_splits
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < HEAD_DIM
     lse = tl.load(
@@ -238,7 +244,7 @@ def paged_decode_reduce_kernel(
     tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=mask_d)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=("stride_bs",))  # the table width changes per step
 def paged_extend_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, cu_seqlens_ptr, context_starts_ptr,
     out_ptr, scale, softcap, window,

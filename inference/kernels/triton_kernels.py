@@ -9,6 +9,17 @@ chooses their grids and launches them.
 Slice `sl` of a merged linear finds its stacked weights through row `sl` of a small int64
 table: (address, slot stride) for A, (address, slot stride, width, column offset) for B.
 Tiles are loaded in the storage dtype and computed in fp32, then cast once on store.
+
+Precision with bf16/fp16 weights (PRECISION "tf32"): the SGMV dots run on tf32 tensor cores.
+The shrink's operands (x and A, 16-bit values upcast) are exact in tf32, and so is the
+expand's B; the expand's y, the shrink's fp32 sums, is rounded to tf32 (10 mantissa bits,
+2**-11 relative), below the bf16 output's own rounding (2**-9) and about one fp16 ulp of
+the LoRA delta. Exact alternatives cost more than that is worth: "ieee" moves the dot to
+CUDA cores, whose fp32 rate at rank 64 (128 flops per output element) is under what HBM
+feeds, so these memory-bound products would become compute-bound; "tf32x3" triples the
+tensor-core work and spills (228 B per thread at the 64x128 rank-16 tile on sm_80, 6 KB at
+rank 64, against 20 B and none with tf32). BGMV sums in fp32 on CUDA cores (exact
+operands), as do fp32 weights ("ieee"), which match the torch reference.
 Set TRITON_INTERPRET=1 before importing this module to run it on CPU tensors (tests only).
 
 The arguments are Triton values, typed by Triton when it compiles a kernel, so this module

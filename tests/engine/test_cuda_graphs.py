@@ -11,8 +11,15 @@ import torch
 from inference.engine import EngineRequest, LLMEngine, LoRARequest, SamplingParams
 from inference.engine.block_manager import RELEASED
 from inference.engine.config import EngineConfig
-from inference.engine.cuda_graphs import MODES, capture_sizes, direct_capture
+from inference.engine.cuda_graphs import (
+    MODES,
+    SAMPLE_BYTES_PER_LOGIT,
+    capture_sizes,
+    direct_capture,
+    graph_pool_estimate,
+)
 from inference.engine.errors import ConfigError
+from inference.engine.kv_cache import device_kv_budget
 from inference.kernels.lora_batch import static_decode_batch
 from tests.engine.lora_fixtures import ALL_LINEAR, run_all
 from tests.engine.stepping import step_logits
@@ -335,3 +342,41 @@ def test_a_cache_of_one_block_leaves_none_beside_the_pad_block(llama_dir):
 def test_a_static_lora_batch_refuses_bad_slot_buffers(slots, message):
     with pytest.raises(ValueError, match=message):
         static_decode_batch(slots)
+
+
+def test_a_graph_decode_step_uploads_its_inputs_once(llama_dir):
+    engine = engine_for(llama_dir)
+    runner = engine.model_runner
+    eager, graphs = runner.input_builder.staging, runner.graphs.staging
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    for i, n in enumerate((3, 6, 9)):
+        engine.add_request(
+            EngineRequest(f"r{i}", prompt_token_ids=list(range(3, 3 + n)), sampling_params=params)
+        )
+    engine.step()  # the prefill, eager
+    assert (eager.uploads, graphs.uploads) == (1, 0)
+    for step in range(1, 4):
+        engine.step()
+        assert (eager.uploads, graphs.uploads) == (1, step)
+
+
+def test_the_graph_pool_estimate_counts_the_buffers_exactly(llama_dir):
+    engine = engine_for(llama_dir, max_num_seqs=12, max_cudagraph_capture_size=12)
+    runner = engine.model_runner
+    estimate = runner.graph_estimate
+    assert estimate.buffers == runner.graphs.buffers.nbytes == runner.graph_bytes
+    mc = runner.config.model_config
+    assert estimate.activations >= 12 * SAMPLE_BYTES_PER_LOGIT * mc.vocab_size
+    assert estimate.total > estimate.buffers + estimate.activations
+    max_blocks = runner.graphs.buffers.tables.shape[1]
+    twice = graph_pool_estimate(mc, runner.config.torch_dtype, 24, max_blocks)
+    assert twice.activations == 2 * estimate.activations  # per row of the largest bucket
+
+
+def test_the_kv_budget_keeps_room_for_the_graph_pool(llama_dir):
+    config = EngineConfig(model=llama_dir, gpu_memory_utilization=0.9)
+    used, activations = 20 << 30, 1 << 30
+    budget = device_kv_budget(config, 80 << 30, used, activations, graph_bytes=0)
+    assert device_kv_budget(config, 80 << 30, used, activations, 3 << 30) == budget - (3 << 30)
+    with pytest.raises(ConfigError, match="GiB kept for CUDA graphs.*max_cudagraph_capture_size"):
+        device_kv_budget(config, 80 << 30, used, activations, budget)

@@ -119,6 +119,27 @@ def test_mixed_batch_logits_match_one_rank_and_peft(lora_model_dir, adapters, tp
     single.close()
 
 
+def test_rank_0_sends_the_host_inputs_it_uploads_itself(tp_engine, monkeypatch):
+    """Nothing of rank 0's upload comes back to be sent: the workers get the inputs as built
+    on the host, and each uploads them in one copy as rank 0 does."""
+    runner = tp_engine.model_runner
+    sent, uploaded = [], []
+    send, upload = runner.workers.send, runner.input_builder.upload
+    monkeypatch.setattr(runner.workers, "send", lambda inputs: send(sent.append(inputs) or inputs))
+    monkeypatch.setattr(
+        runner.input_builder, "upload", lambda inputs: upload(uploaded.append(inputs) or inputs)
+    )
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    tp_engine.add_request(EngineRequest("host", prompt_token_ids=[5, 6, 7], sampling_params=params))
+    while tp_engine.has_unfinished():
+        tp_engine.step()
+    assert len(sent) == len(uploaded) == 3
+    assert all(s.forward is u for s, u in zip(sent, uploaded, strict=True))  # the same objects
+    for inputs in sent:
+        ctx = inputs.forward.ctx
+        assert ctx.slot_mapping.device.type == "cpu" and ctx.lora is None
+
+
 def test_dora_is_refused_under_tensor_parallelism(adapters, tp_engine):
     path = adapters("dora", rank=4, alpha=8, targets=ATTENTION, use_dora=True)
     future = tp_engine.load_lora(request_for("dora", path))

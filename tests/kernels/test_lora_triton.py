@@ -2,13 +2,16 @@
 
 The interpreter is slow (tenths of a second per launch) and gets bf16 arithmetic wrong, so
 shapes stay small and dtypes are fp32 and fp16. What it cannot check (tile sizes a GPU
-rejects, tf32 dots) is covered by bench/gpu_lora.py on a GPU.
+rejects, tf32 dots) is covered by bench/gpu_lora.py on a GPU. Its atomics run one after
+another, so the deterministic mode is checked by what it launches (no split) and its result.
 """
 
 import pytest
 import torch
 
 from inference.kernels import add_lora, lora_expand, lora_shrink, make_lora_batch
+from inference.kernels.lora_batch import static_decode_batch
+from inference.kernels.lora_tiles import Tiles
 from tests.kernels.factories import decode_slots, make_weights, prefill_slots
 
 SLOTS = 5
@@ -115,3 +118,51 @@ def test_shrink_into_a_half_precision_buffer_matches_reference(path):
         lora_shrink(x, lora_a, make_lora_batch(token_slots, backend=backend, path=path), y)
         ys.append(y[:, active])
     torch.testing.assert_close(ys[0], ys[1], rtol=2e-3, atol=2e-3)
+
+
+def _split_shrink(deterministic, path):
+    """Two Triton shrinks whose tiles split K four ways, the torch reference's result, and
+    the split the launches used."""
+    from inference.kernels import lora_triton
+
+    token_slots, in_features, widths = CASES["wide-input"]
+    lora_a, _, _ = make_weights(SLOTS, in_features, widths, RANKS)
+    x = torch.randn(len(token_slots), in_features)
+    tiles = Tiles(block_k=32, split_k=4)
+    ys = []
+    for backend in ("triton", "triton", "torch"):
+        batch = make_lora_batch(token_slots, backend=backend, path=path,
+                                deterministic=deterministic)  # fmt: skip
+        y = torch.zeros(len(widths), len(token_slots), 16)
+        if backend == "triton":
+            lora_triton.lora_shrink(x, lora_a, batch, y, tiles)
+        else:
+            lora_shrink(x, lora_a, batch, y)
+        ys.append(y)
+    batch = make_lora_batch(token_slots, backend="triton", path=path, deterministic=deterministic)
+    fitted = lora_triton.launch_tiles("shrink", batch, 16, in_features, x.device, tiles)
+    return ys, fitted.split_k
+
+
+@pytest.mark.parametrize("path", ["sgmv", "bgmv"])
+def test_deterministic_batches_never_split_and_repeat_bit_for_bit(path):
+    (first, second, reference), split_k = _split_shrink(True, path)
+    assert split_k == 1  # even where the tiles ask for a split
+    assert torch.equal(first, second)
+    torch.testing.assert_close(first, reference, rtol=1e-5, atol=1e-5)
+
+
+def test_without_the_setting_the_split_stands():
+    (first, _, reference), split_k = _split_shrink(False, "sgmv")
+    assert split_k == 4
+    torch.testing.assert_close(first, reference, rtol=1e-5, atol=1e-5)
+
+
+def test_a_cuda_graph_decode_batch_can_be_deterministic():
+    from inference.kernels import lora_triton
+
+    tiles = Tiles(block_k=32, split_k=4)
+    for deterministic, split_k in ((False, 4), (True, 1)):
+        batch = static_decode_batch(torch.tensor([0, -1, 2]), deterministic)
+        fitted = lora_triton.launch_tiles("shrink", batch, 16, 256, batch.device, tiles)
+        assert fitted.split_k == split_k

@@ -8,7 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from inference.kernels.lora_tiles import load_table
+from inference.kernels.lora_tiles import Tiles, load_table
+from inference.kernels.tile_limits import launch_problem, limits_for_capability
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -48,3 +49,21 @@ def test_without_a_gpu_it_says_to_use_the_interpreter():
     result = _run()  # this host has no CUDA device
     assert result.returncode == 1
     assert "no CUDA device: run with --interpret" in result.stderr
+
+
+def test_candidates_the_gpu_could_not_launch_are_skipped_with_the_reason():
+    sys.path.insert(0, str(ROOT / "bench"))
+    import tune_lora_kernels as tuner
+
+    hopper = limits_for_capability(9, 0)
+
+    def problem(tiles: Tiles) -> str | None:
+        return launch_problem("shrink", "sgmv", tiles, 64, 2, hopper)
+
+    default = Tiles(block_m=64, block_k=128, num_stages=3)  # a prefill shrink, at rank 64
+    chosen, refused = tuner.candidates("shrink", "sgmv", default, 1000, problem)
+    assert chosen[0] == default and all(problem(t) is None for t in chosen)
+    deep = Tiles(block_m=128, block_k=256, num_stages=4, num_warps=8)
+    assert (deep, "needs 262,144 B of shared memory, the device allows 232,448") in refused
+    few, _ = tuner.candidates("shrink", "sgmv", default, 3, problem)
+    assert few == chosen[:3]  # skipped tilings never count against the limit

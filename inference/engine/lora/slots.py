@@ -21,7 +21,9 @@ import torch
 
 from inference.kernels import make_lora_batch, select_backend
 from inference.kernels.lora_checks import check_add_lora
+from inference.kernels.lora_ops import check_tiles
 
+from ..errors import ConfigError
 from ..model.context import LoRAStep, SlotRows
 from ..model.decoder import PACKED_MODULES, CausalLM
 from ..model.layers import Linear
@@ -86,6 +88,7 @@ class LoRASlots:
         *,
         extra_bytes: int | None = None,
         max_saved_params: int,
+        deterministic: bool = False,
     ):
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
@@ -108,6 +111,7 @@ class LoRASlots:
             max_slices, max_tokens, max_rank, dtype=torch.float32, device=self.device
         )
         self.backend = select_backend(self.device)
+        self.deterministic = deterministic  # every step's batch (see LoRABatch.deterministic)
         self.base = _base_view(model, targets)
         # tensor parallelism: each target's factors cut to this rank's shard (empty: whole)
         self.sharders: dict[tuple[int, str], FactorSharder] = sharders(targets)
@@ -130,6 +134,11 @@ class LoRASlots:
             x = torch.zeros(1, linear.in_features, dtype=self.dtype, device=self.device)
             out = torch.zeros(1, linear.out_features, dtype=self.dtype, device=self.device)
             check_add_lora(out, x, lora_a, lora_b, self.scales, check)  # once, not per step
+        stacks = [(s.lora_a, s.lora_b) for s in self.linear_lora.values()]
+        try:  # a tile the device cannot launch fails the start, never a request
+            check_tiles(stacks, max_tokens, self.backend)
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
         model.model.embed_tokens.lora = self.embed_lora = EmbeddingLoRA()
         model.lm_head.lora = self.head_lora = HeadLoRA()
         if extra_bytes is None:
@@ -249,7 +258,9 @@ class LoRASlots:
             return None
         assert max(token_slots) < self.num_slots, "token slot beyond max_loras"
         slots = torch.tensor(token_slots, dtype=torch.int64)
-        batch = make_lora_batch(slots, device=self.device, backend=self.backend)
+        batch = make_lora_batch(
+            slots, device=self.device, backend=self.backend, deterministic=self.deterministic
+        )
         buffer = self.buffer
         if batch.num_tokens > buffer.shape[1]:  # a warm-up larger than any step
             buffer = buffer.new_empty(buffer.shape[0], batch.num_tokens, buffer.shape[2])

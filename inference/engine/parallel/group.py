@@ -1,6 +1,7 @@
 """The tensor-parallel group: one process group per engine, and the three collectives the
-sharded layers use. Every collective has the group's timeout, so a rank that stops
-answering fails the step instead of hanging it."""
+sharded layers use. A rank that stops answering fails the step instead of hanging it: rank
+0 times each step against LORAPLEX_TP_TIMEOUT_SECONDS, which the group's start waits too;
+its collectives give up after twice that, a backstop (fail_fast.py)."""
 
 import datetime
 import math
@@ -11,14 +12,15 @@ import torch
 import torch.distributed as dist
 
 from ..errors import ConfigError
+from .fail_fast import backend_for, group_timeout, prepare_backend
 
 TIMEOUT_ENV = "LORAPLEX_TP_TIMEOUT_SECONDS"
 DEFAULT_TIMEOUT_SECONDS = 120.0
 
 
 def timeout_seconds() -> float:
-    """How long the group's start and each collective wait for a silent rank (read from the
-    environment, which the worker processes inherit)."""
+    """How long a tensor-parallel step may take before a silent rank fails the engine (read
+    from the environment, which the worker processes inherit)."""
     raw = os.environ.get(TIMEOUT_ENV)
     if raw is None:
         return DEFAULT_TIMEOUT_SECONDS
@@ -38,14 +40,21 @@ def free_address() -> str:
 
 
 def join_group(address: str, rank: int, size: int, device: torch.device) -> None:
-    """Join the group: gloo on CPU, NCCL on CUDA (one device per rank)."""
-    backend = "nccl" if device.type == "cuda" else "gloo"
+    """Join the group: gloo on CPU, NCCL on CUDA (one device per rank), set to fail fast."""
+    backend = backend_for(device)
+    prepare_backend(backend)
+    deadline = timeout_seconds()
+    host, port = address.removeprefix("tcp://").rsplit(":", 1)
+    # the start waits the deadline for every rank; the collectives, their backstop
+    store = dist.TCPStore(
+        host,
+        int(port),
+        size,
+        is_master=rank == 0,
+        timeout=datetime.timedelta(seconds=deadline),
+    )
     dist.init_process_group(
-        backend,
-        init_method=address,
-        rank=rank,
-        world_size=size,
-        timeout=datetime.timedelta(seconds=timeout_seconds()),
+        backend, store=store, rank=rank, world_size=size, timeout=group_timeout(deadline)
     )
 
 

@@ -1,7 +1,8 @@
 """`manage.py serve` with LORAPLEX_TENSOR_PARALLEL_SIZE=2 (two ranks, gloo on CPU), through
 the real `openai` client: greedy answers for the base model and two adapters, served in one
 mixed batch, equal a one-rank server's, and so do their logprobs within 1e-4, at prefill
-(`prompt_logprobs`) and at every decode step (`top_logprobs`); killing rank 1 mid-stream
+(`prompt_logprobs`) and at every decode step (`top_logprobs`); killing rank 1 mid-stream, or
+stopping it (alive and silent, failed once the step runs past LORAPLEX_TP_TIMEOUT_SECONDS),
 ends the stream with an error, turns /readyz 503 and makes `serve` exit for its supervisor.
 The tiny model's 2 KV heads give each rank one.
 """
@@ -38,6 +39,7 @@ ADAPTERS = {
 QUESTIONS = ["What is a prompt?", "Name the capital of France, then of Germany."]
 TOP = 5
 TOLERANCE = 1e-4
+TP_TIMEOUT_SECONDS = 20
 
 
 @dataclass
@@ -91,7 +93,7 @@ def serve(data: TPData, ranks: int, name: str):
             "LORAPLEX_BASE_MODEL": BASE_NAME,
             "LORAPLEX_TENSOR_PARALLEL_SIZE": str(ranks),
             "LORAPLEX_ADAPTER_CACHE_DIR": str(data.tmp / f"cache-{name}"),
-            "LORAPLEX_TP_TIMEOUT_SECONDS": "20",
+            "LORAPLEX_TP_TIMEOUT_SECONDS": str(TP_TIMEOUT_SECONDS),
         },
         name=name,
     )
@@ -226,8 +228,9 @@ def answer_of(probe: socket.socket) -> tuple[int, str]:
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="finds rank 1 in /proc")
-def test_a_killed_rank_ends_the_stream_turns_readiness_off_and_exits_serve(tp_data):
-    url, proc, log = serve(tp_data, 2, "tp-kill")
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "stopped"])
+def test_a_lost_rank_ends_the_stream_turns_readiness_off_and_exits_serve(tp_data, sig):
+    url, proc, log = serve(tp_data, 2, f"tp-{sig.name}")
     try:
         (rank_1,) = children_named(proc.pid, process_name(1))
         probe = held_probe(url)
@@ -254,8 +257,8 @@ def test_a_killed_rank_ends_the_stream_turns_readiness_off_and_exits_serve(tp_da
         reader = threading.Thread(target=read_stream, daemon=True)
         reader.start()
         assert started.wait(30), log.read_text()
-        os.kill(rank_1, signal.SIGKILL)
-        reader.join(30)
+        os.kill(rank_1, sig)
+        reader.join(30 + TP_TIMEOUT_SECONDS)
         assert not reader.is_alive(), "the stream hangs after rank 1 died"
         (error,) = outcome
         assert isinstance(error, openai.APIError), error
@@ -268,7 +271,10 @@ def test_a_killed_rank_ends_the_stream_turns_readiness_off_and_exits_serve(tp_da
 
         assert proc.wait(timeout=30) == ENGINE_FAILED_EXIT_CODE
         output = log.read_text()
-        assert f"tensor-parallel rank 1 (pid {rank_1}) exited with code -9" in output
+        if sig == signal.SIGKILL:
+            assert f"tensor-parallel rank 1 (pid {rank_1}) exited with code -9" in output
+        else:
+            assert f"step did not finish within {TP_TIMEOUT_SECONDS} s" in output
         assert "exiting so that the supervisor starts a fresh process" in output
     finally:
         if proc.poll() is None:
