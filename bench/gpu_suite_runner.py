@@ -55,6 +55,7 @@ class Run:
         self.signal: str | None = None  # SIGINT or SIGTERM, when one ended the run
         self.failure: str | None = None  # the suite's own error, if it had one
         self.guarded = False
+        self.caught: int | None = None  # the signal the handler raised for, once it has
         self.extra: dict[str, Any] = {}  # start-up figures for the report
         self.first_start = 0.0  # time.monotonic() when the first section could start
         self.planned = 0.0  # the caps of the sections so far, the plan's end of the current
@@ -72,9 +73,11 @@ class Run:
         signal.setitimer(signal.ITIMER_REAL, max(backstop, 0.01))
         try:
             prepare(self)
+            self._raise_if_swallowed()
             self.extra["startup_s"] = round(time.monotonic() - self.started, 2)
             self.first_start = time.monotonic()
             for section in self.sections:
+                self._raise_if_swallowed()
                 self.entries[section.name] = self._section(section)
                 self._after(section.name)
                 self.save(self.out)
@@ -96,9 +99,16 @@ class Run:
     def _on_signal(self, signum: int, frame: object) -> None:
         if self.guarded:
             self.guarded = False  # a second signal must not interrupt the cleanup
+            self.caught = signum
             raise Interrupted(signum)
         if signum != signal.SIGALRM:
             self.signal = self.signal or signal.Signals(signum).name
+
+    def _raise_if_swallowed(self) -> None:
+        """The handler's exception raised again: it can land in a library's bare `except`
+        during the imports, which then carry on as if nothing happened."""
+        if self.caught is not None:
+            raise Interrupted(self.caught)
 
     def _stop(self, signum: int) -> None:
         if signum == signal.SIGALRM:
