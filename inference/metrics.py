@@ -133,6 +133,13 @@ class EngineCollector:
         )
         for name in ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"):  # new, older
             yield vllm.gauge(name, "Share of KV cache blocks in use (0-1).", usage)
+        if "weights_bytes" in stats:
+            yield _gauge(
+                "loraplex_weights_bytes",
+                "Bytes the base model's weights take (quantized as stored; one rank's share "
+                "under tensor parallelism).",
+                stats["weights_bytes"],
+            )
         for key, (name, doc, vllm_name) in _COUNTERS.items():
             yield _counter(name, doc, stats[key])
             yield vllm.counter(vllm_name, doc, stats[key])

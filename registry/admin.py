@@ -79,6 +79,7 @@ class BaseModelAdmin(ReadOnlyAdmin):
     list_display = [
         "name",
         "short_revision",
+        "scheme",
         "is_default",
         "evaluation_progress",
         "local_path",
@@ -92,6 +93,10 @@ class BaseModelAdmin(ReadOnlyAdmin):
     @admin.display(description="revision")
     def short_revision(self, obj):
         return obj.revision[:12]
+
+    @admin.display(description="quantization", ordering="quantization")
+    def scheme(self, obj):
+        return obj.quantization or "none"
 
     @admin.display(description="adapter versions on this revision")
     def evaluation_progress(self, obj):
@@ -450,7 +455,8 @@ class EvaluationAdmin(ReadOnlyAdmin):
 
     @admin.display(description="revision", ordering="base_revision")
     def revision(self, obj):
-        return obj.base_revision[:12]
+        scheme = f" ({obj.base_quantization})" if obj.base_quantization else ""
+        return obj.base_revision[:12] + scheme
 
     @admin.display(description="adapter ppl", ordering="adapter_perplexity")
     def adapter_ppl(self, obj):

@@ -28,6 +28,13 @@ class BaseModel(models.Model):
         max_length=64, help_text="sha256 over config.json and every weight's name, shape and bytes"
     )
     fingerprint = models.JSONField(help_text="ArchFingerprint.to_dict(): the shapes adapters fit")
+    quantization = models.CharField(
+        max_length=64,
+        blank=True,
+        default="",
+        help_text="the revision's quantization scheme (fp8-dynamic, w4a16-g128, ...); "
+        "blank: weights in a float dtype",
+    )
     local_path = models.CharField(max_length=1000)
     is_default = models.BooleanField(
         default=False, help_text="adapters created without naming a base model go on this one"
@@ -319,6 +326,9 @@ class Evaluation(models.Model):
     )
     eval_set_sha256 = models.CharField(max_length=64, blank=True)
     base_revision = models.CharField(max_length=64)
+    base_quantization = models.CharField(
+        max_length=64, blank=True, default="", help_text="that revision's quantization scheme"
+    )
     trigger = models.CharField(max_length=16, choices=Trigger.choices)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
 

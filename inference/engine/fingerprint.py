@@ -6,14 +6,20 @@ families name seven projections per layer (q/k/v/o, gate/up/down). Phi-3 checkpo
 q/k/v and gate/up fused (`qkv_proj`, `gate_up_proj`), and PEFT adapters for Phi-3 name the
 fused modules, so the table of modules depends on the architecture. The engine always
 serves the unfused slices; `slices` says how a fused module's rows split into them.
+
+A quantized checkpoint's scheme is part of the fingerprint: the same shapes at FP8 or
+4-bit are another base for an adapter's quality, though its tensors still fit.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from typing import Any, TypeGuard
 
 from .families import FAMILIES
+from .quantization.parse import parse_quantization
+from .quantization.scheme import QuantizationError, QuantizationScheme
+from .quantization.shapes import check_model_shapes
 
 ATTENTION_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
@@ -50,6 +56,7 @@ class ArchFingerprint:
     head_dim: int
     intermediate: int
     vocab: int
+    quantization: QuantizationScheme | None = None  # None: weights in a float dtype
 
     @property
     def fused(self) -> bool:
@@ -90,22 +97,39 @@ class ArchFingerprint:
         rows = [q, kv, kv] if module == "qkv_proj" else [self.intermediate] * 2
         return list(zip(fused, rows, strict=True))
 
+    def module_path(self, layer: int, module: str) -> str:
+        """A layer linear's full name in the checkpoint: model.layers.0.mlp.down_proj."""
+        return f"model.layers.{layer}.{PARENT[module]}.{module}"
+
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self) | {"modules": {m: list(io) for m, io in self.modules.items()}}
+        """The stored form; an unquantized model's has no "quantization" key, as before
+        quantized bases were served."""
+        d: dict[str, Any] = {f: getattr(self, f) for f in _DIMENSIONS}
+        if self.quantization is not None:
+            d["quantization"] = self.quantization.canonical()
+        return d | {"modules": {m: list(io) for m, io in self.modules.items()}}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ArchFingerprint:
         try:
-            fp = cls(**{k: d[k] for k in cls.__dataclass_fields__})
+            dims = {k: d[k] for k in _DIMENSIONS}
+            quantized = d.get("quantization")
+            scheme = None if quantized is None else QuantizationScheme.from_canonical(quantized)
+            fp = cls(**dims, quantization=scheme)
         except (KeyError, TypeError) as e:
             raise FingerprintError(f"stored fingerprint is incomplete: missing {e}") from None
-        ints = {k: v for k, v in asdict(fp).items() if k != "architecture"}
-        if not isinstance(fp.architecture, str) or not all(map(is_positive_int, ints.values())):
+        except QuantizationError as e:
+            raise FingerprintError(str(e)) from None
+        ints = [v for k, v in dims.items() if k != "architecture"]
+        if not isinstance(fp.architecture, str) or not all(map(is_positive_int, ints)):
             raise FingerprintError(f"stored fingerprint has invalid values: {d!r}")
         stored = d.get("modules")
         if stored is not None and stored != fp.to_dict()["modules"]:
             raise FingerprintError("stored fingerprint's modules disagree with its dimensions")
         return fp
+
+
+_DIMENSIONS = tuple(f.name for f in fields(ArchFingerprint) if f.name != "quantization")
 
 
 def family_of(architecture: object) -> str | None:
@@ -118,7 +142,7 @@ def family_of(architecture: object) -> str | None:
 
 def fingerprint_from_config(cfg: dict[str, Any], source: str = "config.json") -> ArchFingerprint:
     """Read a Hugging Face config.json dict of a served model family; `source` names the file
-    in the errors."""
+    in the errors. A quantization the engine cannot serve raises QuantizationError."""
 
     def need(key: str) -> int:
         value = cfg.get(key)
@@ -140,7 +164,7 @@ def fingerprint_from_config(cfg: dict[str, Any], source: str = "config.json") ->
         raise FingerprintError(f"{source}: hidden_size {hidden} is not divisible by {heads} heads")
     if heads % kv_heads:
         raise FingerprintError(f"{source}: {heads} heads do not group into {kv_heads} KV heads")
-    return ArchFingerprint(
+    fingerprint = ArchFingerprint(
         architecture=architecture,
         num_layers=need("num_hidden_layers"),
         hidden=hidden,
@@ -149,7 +173,14 @@ def fingerprint_from_config(cfg: dict[str, Any], source: str = "config.json") ->
         head_dim=head_dim,
         intermediate=need("intermediate_size"),
         vocab=need("vocab_size"),
+        quantization=parse_quantization(cfg, source),
     )
+    if fingerprint.quantization is not None:
+        try:
+            check_model_shapes(fingerprint.quantization, fingerprint)
+        except QuantizationError as e:
+            raise QuantizationError(f"{source}: {e}") from None
+    return fingerprint
 
 
 def is_positive_int(x: object) -> TypeGuard[int]:

@@ -10,6 +10,7 @@ several processes first (into Triton's on-disk cache), then once more here, wher
 a cache load that puts the kernel in this process's in-memory cache for the device.
 """
 
+import json
 import logging
 import multiprocessing
 import os
@@ -51,10 +52,13 @@ class KernelWarmup:
 
 def engine_shapes(config: EngineConfig) -> "EngineShapes":
     """The sizes that pick this engine's kernel variants: rank 0's share of the model
-    (every rank's is the same), and no LoRA launches unless its LoRA backend is Triton."""
+    (every rank's is the same), no LoRA launches unless its LoRA backend is Triton, and the
+    quantized GEMMs of a quantized base when its kernels are (quant_ops picks them alike)."""
     from inference.kernels.compilation import EngineShapes
 
     mc = config.model_config
+    scheme = mc.quantization
+    quantized = scheme is not None and select_backend(config.device) == "triton"
     if config.tensor_parallel_size > 1:
         mc = ShardPlan(0, config.tensor_parallel_size, mc).local_config()
     assert config.max_model_len is not None and config.max_num_batched_tokens is not None
@@ -83,13 +87,31 @@ def engine_shapes(config: EngineConfig) -> "EngineShapes":
         lora_rank=config.max_lora_rank if lora else 0,
         max_loras=config.max_loras,
         deterministic=config.deterministic_kernels,
+        quant_schemes=(scheme.name,) if quantized and scheme is not None else (),
+        quant_scale_dtype=checkpoint_dtype(config.model) if quantized else None,
+        tensor_parallel=config.tensor_parallel_size,
     )
 
 
+def checkpoint_dtype(model: str | Path) -> "torch.dtype | None":
+    """The dtype config.json says the checkpoint's float tensors are stored in (its
+    quantization scales among them); None when it does not say."""
+    try:
+        raw = json.loads((Path(model) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    name = (raw.get("torch_dtype") or raw.get("dtype")) if isinstance(raw, dict) else None
+    dtype = getattr(torch, name, None) if isinstance(name, str) else None
+    return dtype if isinstance(dtype, torch.dtype) and dtype.is_floating_point else None
+
+
 def launches_kernels(config: EngineConfig) -> bool:
-    """Whether the engine launches Triton kernels at all (paged attention or LoRA)."""
-    lora = config.enable_lora and select_backend(config.device) == "triton"
-    return config.attention_backend == "triton" or lora
+    """Whether the engine launches Triton kernels at all (paged attention, LoRA or the
+    quantized GEMMs)."""
+    triton = select_backend(config.device) == "triton"
+    lora = config.enable_lora and triton
+    quantized = config.model_config.quantization is not None and triton
+    return config.attention_backend == "triton" or lora or quantized
 
 
 def tile_table(device: torch.device, itemsize: int) -> TileTable:

@@ -9,6 +9,7 @@ from typing import Any
 from .errors import ModelLoadError
 from .families import FAMILIES, FULL, SLIDING, family_traits
 from .fingerprint import ArchFingerprint, FingerprintError, fingerprint_from_config
+from .quantization import QuantizationScheme
 
 SUPPORTED_ARCHITECTURES = tuple(FAMILIES)
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope")
@@ -52,6 +53,12 @@ class ModelConfig:
     layer_windows: tuple[int | None, ...] = ()  # per layer: its sliding window, None = global
     local_rope: Rope | None = None  # sliding layers' rotary, where it differs (Gemma 3)
     rotary_dim: int = 0  # leading dims of each head that rotate (Phi's partial rotary)
+
+    @property
+    def quantization(self) -> QuantizationScheme | None:
+        """The checkpoint's quantization (config.json's quantization_config); None when its
+        weights are in a float dtype."""
+        return self.fingerprint.quantization
 
     @property
     def attn_scale(self) -> float:

@@ -16,6 +16,7 @@ from .lora.slots import LoRASlots
 from .model.context import ForwardContext, LoRAStep, SlotRows, forward_context
 from .model.decoder import CausalLM
 from .model.loader import load_weights
+from .model.quantized_linear import weight_bytes
 from .model_inputs import ForwardInputs, InputBuilder
 from .parallel.group import min_over_ranks
 from .parallel.plan import ShardPlan
@@ -89,6 +90,16 @@ class ModelRunner:
         with torch.device(self.device), default_dtype(config.torch_dtype):
             self.model = CausalLM(mc, max_positions=self.max_model_len, plan=plan).eval()
         load_weights(self.model, config.model)
+        self.weights_bytes, bf16_bytes = weight_bytes(self.model)
+        scheme = mc.quantization
+        logger.info(
+            "weights take %.1f MiB%s (%s; %.1f MiB in bf16, %.2fx)",
+            self.weights_bytes / 2**20,
+            "" if plan is None else f" on rank {plan.rank}",
+            "unquantized" if scheme is None else f"quantized {scheme.name}",
+            bf16_bytes / 2**20,
+            self.weights_bytes / max(bf16_bytes, 1),
+        )
 
     def _make_lora_slots(self) -> LoRASlots | None:
         config = self.config

@@ -22,6 +22,7 @@ from inference.engine.lora.peft_rules import (
     FingerprintError,
     fingerprint_from_config,
 )
+from inference.engine.quantization.tensors import check_checkpoint_tensors
 from tenants.usage import usage_by_version
 
 from .. import queue
@@ -72,7 +73,9 @@ def read_model_folder(folder: Path) -> tuple[ArchFingerprint, str]:
     """(fingerprint, revision) of a Hugging Face folder the engine can serve, or RegistryError.
 
     The engine's own reading of config.json decides what is served (its architectures, rope
-    types, sliding windows, ...), so an import never registers a model `serve` would refuse.
+    types, sliding windows, quantization schemes, ...), so an import never registers a model
+    `serve` would refuse; a quantized checkpoint's tensors must also be the ones its
+    config.json declares.
     """
     folder = Path(folder)
     if not (folder / "config.json").is_file():
@@ -92,9 +95,20 @@ def read_model_folder(folder: Path) -> tuple[ArchFingerprint, str]:
         # The fingerprint describes the architecture the engine runs, should config.json
         # list several.
         fingerprint = fingerprint_from_config(raw | {"architectures": [architecture]})
+        if fingerprint.quantization is not None:
+            check_checkpoint_tensors(fingerprint.quantization, fingerprint, _tensors(folder))
         return fingerprint, model_revision(folder)
     except (FingerprintError, HeaderError, ValueError) as exc:
         raise RegistryError(f"{folder}: {exc}") from exc
+
+
+def _tensors(folder: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """Every weight's (dtype, shape), from the safetensors headers alone."""
+    found = {}
+    for file in sorted(folder.glob("*.safetensors")):
+        for name, info in parse_header(file).tensors.items():
+            found[name] = (info.dtype, tuple(info.shape))
+    return found
 
 
 def _served_architecture(raw: dict, *, source: str) -> str:
@@ -132,6 +146,9 @@ def base_model_import(
     if row is None:
         row = BaseModel(name=name)
     row.revision, row.fingerprint, row.local_path = revision, fingerprint.to_dict(), str(path)
+    # A quantized checkpoint of the same weights is a new revision like any other (its
+    # config.json and tensors differ): adapters on it are re-checked and re-evaluated.
+    row.quantization = fingerprint.quantization.name if fingerprint.quantization else ""
     if default is None:
         default = row.is_default or not BaseModel.objects.filter(is_default=True).exists()
     if default:

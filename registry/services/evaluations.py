@@ -103,6 +103,7 @@ def evaluation_request(*, version_id: int, trigger: str, actor: str) -> Evaluati
             eval_set=eval_set,
             eval_set_sha256=eval_set.sha256 if eval_set is not None else "",
             base_revision=revision,
+            base_quantization=base.quantization,
             trigger=trigger,
             requested_by=actor,
         )

@@ -17,12 +17,8 @@ from ..parallel.plan import ShardPlan
 from .attention import Attention
 from .layers import Linear, VocabEmbedding
 from .norm import RMSNorm
-from .parallel_layers import (
-    ColumnParallelLinear,
-    ParallelLMHead,
-    RowParallelLinear,
-    VocabParallelEmbedding,
-)
+from .parallel_layers import ParallelLMHead, VocabParallelEmbedding
+from .quantized_linear import make_column_parallel, make_linear, make_row_parallel
 from .rotary import Rope, RotaryEmbedding, apply_rotary
 
 # checkpoint projection -> (merged module, part index)
@@ -33,6 +29,8 @@ PACKED_MODULES = {
     "gate_proj": ("gate_up_proj", 0),
     "up_proj": ("gate_up_proj", 1),
 }
+QKV = ["q_proj", "k_proj", "v_proj"]
+GATE_UP = ["gate_proj", "up_proj"]
 
 
 class SelfAttention(nn.Module):
@@ -41,17 +39,20 @@ class SelfAttention(nn.Module):
         self.head_dim = mc.head_dim
         q_size, kv_size = mc.num_heads * mc.head_dim, mc.num_kv_heads * mc.head_dim
         if plan is None:
-            self.qkv_proj = Linear(mc.hidden_size, [q_size, kv_size, kv_size], bias=mc.qkv_bias)
-            self.o_proj = Linear(q_size, [mc.hidden_size], bias=mc.o_bias)
+            self.qkv_proj = make_linear(
+                mc, layer, QKV, mc.hidden_size, [q_size, kv_size, kv_size], mc.qkv_bias
+            )
+            self.o_proj = make_linear(mc, layer, ["o_proj"], q_size, [mc.hidden_size], mc.o_bias)
         else:  # mc is this rank's shape (plan.local_config())
             full = plan.full
             full_sizes = [full.num_heads * mc.head_dim] + [full.num_kv_heads * mc.head_dim] * 2
-            self.qkv_proj = ColumnParallelLinear(
-                mc.hidden_size, full_sizes, plan.qkv_rows(), bias=mc.qkv_bias
+            self.qkv_proj = make_column_parallel(
+                mc, layer, QKV, mc.hidden_size, full_sizes, plan.qkv_rows(), mc.qkv_bias
             )
-            self.o_proj = RowParallelLinear(
-                plan.o_columns(), mc.hidden_size, bias=mc.o_bias, rank=plan.rank
-            )
+            self.o_proj = make_row_parallel(
+                mc, layer, "o_proj", plan.o_columns(), mc.hidden_size, mc.o_bias, plan.rank,
+                full.num_heads * mc.head_dim,
+            )  # fmt: skip
         self.q_norm = self.k_norm = None
         if mc.qk_norm:
             self.q_norm = RMSNorm(mc.head_dim, mc.rms_norm_eps, mc.norm_offset)
@@ -88,20 +89,25 @@ class SelfAttention(nn.Module):
 class GatedMLP(nn.Module):
     """down(act(gate) * up): SwiGLU, or GeGLU (tanh GELU) for Gemma."""
 
-    def __init__(self, mc: ModelConfig, plan: ShardPlan | None = None):
+    def __init__(self, mc: ModelConfig, plan: ShardPlan | None = None, layer: int = 0):
         super().__init__()
         size = mc.intermediate_size
         if plan is None:
-            self.gate_up_proj = Linear(mc.hidden_size, [size, size], bias=mc.mlp_bias)
-            self.down_proj = Linear(size, [mc.hidden_size], bias=mc.mlp_bias)
+            self.gate_up_proj = make_linear(
+                mc, layer, GATE_UP, mc.hidden_size, [size, size], mc.mlp_bias
+            )
+            self.down_proj = make_linear(
+                mc, layer, ["down_proj"], size, [mc.hidden_size], mc.mlp_bias
+            )
         else:
             full = [plan.full.intermediate_size] * 2
-            self.gate_up_proj = ColumnParallelLinear(
-                mc.hidden_size, full, plan.gate_up_rows(), bias=mc.mlp_bias
+            self.gate_up_proj = make_column_parallel(
+                mc, layer, GATE_UP, mc.hidden_size, full, plan.gate_up_rows(), mc.mlp_bias
             )
-            self.down_proj = RowParallelLinear(
-                plan.down_columns(), mc.hidden_size, bias=mc.mlp_bias, rank=plan.rank
-            )
+            self.down_proj = make_row_parallel(
+                mc, layer, "down_proj", plan.down_columns(), mc.hidden_size, mc.mlp_bias,
+                plan.rank, plan.full.intermediate_size,
+            )  # fmt: skip
         self.gelu = mc.hidden_act == "gelu_pytorch_tanh"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -118,7 +124,7 @@ class DecoderLayer(nn.Module):
     def __init__(self, mc: ModelConfig, layer: int, plan: ShardPlan | None = None):
         super().__init__()
         self.self_attn = SelfAttention(mc, layer, plan)
-        self.mlp = GatedMLP(mc, plan)
+        self.mlp = GatedMLP(mc, plan, layer)
         eps, offset = mc.rms_norm_eps, mc.norm_offset
         self.input_layernorm = RMSNorm(mc.hidden_size, eps, offset)
         self.post_attention_layernorm = RMSNorm(mc.hidden_size, eps, offset)

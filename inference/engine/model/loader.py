@@ -3,9 +3,14 @@
 Strict on purpose: a tensor the model lacks, a shape that differs from config.json, or a
 parameter no file provides means the folder and its config disagree, and serving it would
 produce garbage rather than an error.
+
+A quantized base's projections (QuantizedLinear) take their tensors as stored and convert
+them after the file that completes a layer, so a sharded checkpoint is never held whole on
+the host.
 """
 
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -13,6 +18,7 @@ from safetensors import SafetensorError, safe_open
 from ..errors import ModelLoadError
 from .decoder import PACKED_MODULES, CausalLM
 from .layers import Linear
+from .quantized_linear import QuantizedLinear
 
 Target = tuple[str, int | None]  # (parameter name, part of a merged projection or None: all)
 
@@ -28,6 +34,7 @@ def load_weights(model: CausalLM, folder: str | Path) -> None:
             f"no *.safetensors file in {folder}; the engine loads safetensors checkpoints only"
         )
     modules = dict(model.named_modules())
+    quantized = [m for m in modules.values() if isinstance(m, QuantizedLinear)]
     params = dict(model.named_parameters())  # tied weights appear once, under the embedding
     missing = {(name, 0) for name in params}
     for name, module in modules.items():
@@ -40,6 +47,8 @@ def load_weights(model: CausalLM, folder: str | Path) -> None:
         try:
             with safe_open(path, framework="pt", device="cpu") as f:
                 for key in f.keys():  # noqa: SIM118 (safe_open is not a dict)
+                    if _quantized_tensor(key, f, modules):
+                        continue
                     target = _target(key, params, model)
                     if target is not None:
                         _copy(path, key, f.get_tensor(key), target, modules, params)
@@ -48,10 +57,45 @@ def load_weights(model: CausalLM, folder: str | Path) -> None:
             raise ModelLoadError(
                 f"{path} is not a readable safetensors file ({e}); re-download it"
             ) from None
+        for module in quantized:  # converted as soon as all their parts are in
+            if not module.loaded and module.complete():
+                module.finish_loading()
+    for module in quantized:  # what is still missing a tensor says which
+        if not module.loaded:
+            module.finish_loading()
     if missing:
         names = sorted(_checkpoint_name(name, shard, modules) for name, shard in missing)
         shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
         raise ModelLoadError(f"{folder} lacks tensors the model needs: {shown}")
+
+
+def _quantized_tensor(key: str, f: Any, modules: dict[str, torch.nn.Module]) -> bool:
+    """Hand a quantized linear's tensor (not its bias) to its layer; False for any other."""
+    module_key, suffix = key.rsplit(".", 1) if "." in key else (key, "")
+    if suffix == "bias":
+        return False
+    name, part = _merged(module_key)
+    module = modules.get(name)
+    if not isinstance(module, QuantizedLinear):
+        return False
+    if part is None and len(module.output_sizes) > 1:
+        raise ModelLoadError(
+            f"checkpoint tensor {key!r} is a fused projection; the engine serves quantized "
+            "checkpoints with separate q/k/v and gate/up projections only"
+        )
+    module.receive(part or 0, suffix, f.get_tensor(key), key)
+    return True
+
+
+def _merged(name: str) -> tuple[str, int | None]:
+    """Our module name for a checkpoint module name, and its part of a merged one."""
+    parts = name.split(".")
+    for i, part in enumerate(parts):
+        if part in PACKED_MODULES:
+            merged, shard = PACKED_MODULES[part]
+            parts[i] = merged
+            return ".".join(parts), shard
+    return name, None
 
 
 def _target(key: str, params: dict[str, torch.nn.Parameter], model: CausalLM) -> Target | None:

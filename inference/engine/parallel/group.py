@@ -68,6 +68,11 @@ def all_reduce(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+def all_reduce_max(x: torch.Tensor) -> torch.Tensor:
+    dist.all_reduce(x, op=dist.ReduceOp.MAX)
+    return x
+
+
 def all_gather_last(x: torch.Tensor) -> torch.Tensor:
     """Every rank's `x` side by side along the last dimension, in rank order."""
     parts = [torch.empty_like(x) for _ in range(dist.get_world_size())]

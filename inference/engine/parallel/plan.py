@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from ..errors import ConfigError
 from ..model_config import ModelConfig
+from ..quantization import QuantizationError, check_model_shapes
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,14 @@ def check_shardable(mc: ModelConfig, size: int) -> None:
             f"tensor_parallel_size {size} does not divide {' and '.join(reasons)}; "
             f"choose a size that does (LORAPLEX_TENSOR_PARALLEL_SIZE)"
         )
+    if mc.quantization is not None:  # groups and packed ints must not straddle two ranks
+        try:
+            check_model_shapes(mc.quantization, mc.fingerprint, size)
+        except QuantizationError as e:
+            raise ConfigError(
+                f"tensor_parallel_size {size}: {e}; choose a size that splits it "
+                "(LORAPLEX_TENSOR_PARALLEL_SIZE)"
+            ) from None
 
 
 def _block(rank: int, width: int) -> slice:

@@ -12,6 +12,7 @@ from this run.
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from inference.kernels.lora_tiles import DEFAULT_TABLE, table_for_gpu
 
 from .parallel import compile_sharded
 from .shapes import LORA_RANKS, MODELS, TENSOR_PARALLEL, deployments
+from .variants import DEFAULT_QUANT_SCHEMES, check_quant_schemes
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -36,6 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpu", help="the GPU whose tuned tile table to use (default: none)")
     parser.add_argument("--table-dtype", action="append", choices=sorted(DTYPES),
                         help="also compile every tile-table entry in this dtype")  # fmt: skip
+    parser.add_argument("--quant", nargs="*", metavar="SCHEME",
+                        help="also the quantized-base GEMMs of these schemes (none named: "
+                             f"{' '.join(DEFAULT_QUANT_SCHEMES)}; see variants.py)")  # fmt: skip
     parser.add_argument("--jobs", type=int, default=1, help="compiling processes")
     parser.add_argument("--json", metavar="FILE", help="write the rows and summary here")
     parser.add_argument("--records", metavar="DIR", type=Path,
@@ -56,6 +61,12 @@ def main(argv: list[str] | None = None) -> int:
     dtypes = tuple(DTYPES[d] for d in args.dtype or ["bfloat16"])
     shapes = deployments(dtypes, models, tuple(args.tp or TENSOR_PARALLEL),
                          tuple(args.rank or LORA_RANKS))  # fmt: skip
+    if args.quant is not None:
+        try:
+            schemes = check_quant_schemes(tuple(args.quant) or DEFAULT_QUANT_SCHEMES)
+        except ValueError as error:
+            parser.error(str(error))
+        shapes = [replace(s, quant_schemes=schemes) for s in shapes]
     table = table_for_gpu(args.gpu) if args.gpu else DEFAULT_TABLE
     table_dtypes = [DTYPES[d] for d in args.table_dtype or []]
     table_rows: list[dict[str, Any]] = []

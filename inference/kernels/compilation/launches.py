@@ -97,6 +97,7 @@ Handler = Callable[[Any, LaunchKey, Callable[..., Any], Any, tuple[Any, ...], di
 def engine_kernels() -> list[Any]:
     """Every Triton kernel the engine launches (importing them needs triton)."""
     from inference.kernels import paged_attention_kernels as attention
+    from inference.kernels import quant_kernels as quant
     from inference.kernels import triton_kernels as lora
 
     return [
@@ -107,6 +108,10 @@ def engine_kernels() -> list[Any]:
         attention.paged_decode_kernel,
         attention.paged_decode_reduce_kernel,
         attention.paged_extend_kernel,
+        quant.int_weight_gemm_kernel,
+        quant.fp8_quantize_rows_kernel,
+        quant.fp8_gemm_kernel,
+        quant.fp8_weight_only_gemm_kernel,
     ]
 
 

@@ -29,6 +29,10 @@ class EngineShapes:
     lora_rank: int = 0  # max_lora_rank; 0 without LoRA
     max_loras: int = 4
     deterministic: bool = False  # the engine's deterministic_kernels: no shrink splits K
+    quant_schemes: tuple[str, ...] = ()  # quantized-base schemes (variants.quant_launches)
+    # the dtype a compressed-tensors checkpoint stores its scales in; None: `dtype`
+    quant_scale_dtype: torch.dtype | None = None
+    tensor_parallel: int = 1  # ranks: row-parallel FP8 layers then run weight-only
 
     @property
     def max_blocks(self) -> int:
@@ -80,6 +84,7 @@ def sharded(model: EngineShapes, size: int) -> EngineShapes | None:
         num_kv_heads=max(1, kv // size),
         intermediate=model.intermediate // size,
         graph_sizes=graphs,
+        tensor_parallel=size,
     )
 
 

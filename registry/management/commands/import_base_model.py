@@ -15,8 +15,9 @@ from registry.services.base_models import base_model_import
 class Command(BaseCommand):
     help = (
         "Import a base model: a bundled preset (converted into $LORAPLEX_MODELS_DIR/<name>) or a "
-        "Hugging Face folder. A new revision of a known model queues a compatibility re-check of "
-        "every adapter version on it, then its re-evaluation (the quality gate)."
+        "Hugging Face folder. A new revision of a known model (its FP8 or 4-bit checkpoint too) "
+        "queues a compatibility re-check of every adapter version on it, then its re-evaluation "
+        "(the quality gate). A quantization scheme the engine cannot serve is refused."
     )
 
     def add_arguments(self, parser):
@@ -73,6 +74,7 @@ class Command(BaseCommand):
             raise CommandError(exc.message) from None
         state = "new revision; compatibility re-check queued" if changed else "imported"
         role = "the default base model" if row.is_default else "not the default"
+        scheme = f" ({row.quantization})" if row.quantization else ""
         self.stdout.write(
-            f"{row.name} revision {row.revision[:12]} at {row.local_path}: {state}, {role}"
+            f"{row.name} revision {row.revision[:12]}{scheme} at {row.local_path}: {state}, {role}"
         )
