@@ -159,17 +159,23 @@ def quantize_fp8_rows(
     return xq, scale
 
 
-def _fp8_weight_scale(weight: torch.Tensor, weight_scale: torch.Tensor) -> torch.Tensor:
-    """The weight's scale as fp32 [out, 1], per channel or one for the tensor."""
+def check_fp8_weight(weight: torch.Tensor, weight_scale: torch.Tensor) -> bool:
+    """Refuse what is not an e4m3 [out, in] weight with a scale per tensor or per output
+    channel; whether the scale is per channel."""
     if weight.dtype != FP8 or weight.dim() != 2:
         raise ValueError(f"an FP8 weight is float8_e4m3fn [out, in], not {weight.dtype}")
-    if weight_scale.numel() == 1:
-        return weight_scale.float().reshape(1, 1).expand(weight.shape[0], 1)
-    if weight_scale.numel() != weight.shape[0]:
+    if weight_scale.numel() not in (1, weight.shape[0]):
         raise ValueError(
             f"weight_scale {tuple(weight_scale.shape)} is neither per tensor nor per channel "
             f"of {weight.shape[0]} outputs"
         )
+    return weight_scale.numel() != 1 or weight.shape[0] == 1
+
+
+def _fp8_weight_scale(weight: torch.Tensor, weight_scale: torch.Tensor) -> torch.Tensor:
+    """The weight's scale as fp32 [out, 1], per channel or one for the tensor."""
+    if not check_fp8_weight(weight, weight_scale):
+        return weight_scale.float().reshape(1, 1).expand(weight.shape[0], 1)
     return weight_scale.float().reshape(-1, 1)
 
 

@@ -21,7 +21,7 @@ from inference.kernels.quant_kernels import (
     fp8_weight_only_gemm_kernel,
     int_weight_gemm_kernel,
 )
-from inference.kernels.quant_ref import FP8, check_packed
+from inference.kernels.quant_ref import FP8, check_fp8_weight, check_packed
 
 
 @dataclass(frozen=True)
@@ -142,18 +142,6 @@ def _pow2(n: int) -> int:
     return max(16, int(triton.next_power_of_2(n)))
 
 
-def _weight_scale(weight: torch.Tensor, weight_scale: torch.Tensor) -> bool:
-    """Whether the weight's scale is per output channel (else one for the tensor)."""
-    if weight.dtype != FP8 or weight.dim() != 2:
-        raise ValueError(f"an FP8 weight is float8_e4m3fn [out, in], not {weight.dtype}")
-    if weight_scale.numel() not in (1, weight.shape[0]):
-        raise ValueError(
-            f"weight_scale {tuple(weight_scale.shape)} is neither per tensor nor per channel "
-            f"of {weight.shape[0]} outputs"
-        )
-    return weight_scale.numel() != 1 or weight.shape[0] == 1
-
-
 def fp8_gemm(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -163,7 +151,7 @@ def fp8_gemm(
     tiles: GemmTiles | None = None,
 ) -> torch.Tensor:
     """Needs fp8 tensor cores (sm_89+); the weight-only form runs on sm_80."""
-    per_channel = _weight_scale(weight, weight_scale)
+    per_channel = check_fp8_weight(weight, weight_scale)
     m, k = x.shape
     n = weight.shape[0]
     xq, xs = quantize_fp8_rows(x, input_scale)
@@ -186,7 +174,7 @@ def fp8_weight_only_gemm(
     out: torch.Tensor | None = None,
     tiles: GemmTiles | None = None,
 ) -> torch.Tensor:
-    per_channel = _weight_scale(weight, weight_scale)
+    per_channel = check_fp8_weight(weight, weight_scale)
     m, k = x.shape
     n = weight.shape[0]
     out = _out(x, n, out)

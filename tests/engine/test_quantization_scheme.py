@@ -18,6 +18,7 @@ from inference.engine.quantization import (
     parse_quantization,
 )
 from inference.engine.quantization.tensors import check_checkpoint_tensors, expected_tensors
+from tests.quantized.configs import FP8_DYNAMIC, TOKEN_FP8, compressed_config, quant_args
 
 LLAMA = {
     "architectures": ["LlamaForCausalLM"],
@@ -35,67 +36,24 @@ LLAMA = {
 }
 
 
-def _args(**kw):
-    """One QuantizationArgs as compressed-tensors serializes it: every field, nulls too."""
-    args = {
-        "actorder": None,
-        "block_structure": None,
-        "dynamic": False,
-        "group_size": None,
-        "num_bits": 8,
-        "observer": "memoryless_minmax",
-        "observer_kwargs": {},
-        "scale_dtype": None,
-        "strategy": "tensor",
-        "symmetric": True,
-        "type": "int",
-        "zp_dtype": None,
-    }
-    return args | kw
-
-
-def _compressed(fmt, weights, input_activations=None, **top):
-    """quantization_config as llmcompressor 0.14 saves a one-group recipe."""
-    return {
-        "config_groups": {
-            "group_0": {
-                "format": fmt,
-                "input_activations": input_activations,
-                "output_activations": None,
-                "targets": ["Linear"],
-                "weights": weights,
-            }
-        },
-        "format": fmt,
-        "global_compression_ratio": None,
-        "ignore": ["lm_head"],
-        "kv_cache_scheme": None,
-        "quant_method": "compressed-tensors",
-        "quantization_status": "compressed",
-        "sparsity_config": {},
-        "transform_config": {},
-        "version": "0.13.0",
-    } | top
-
-
-TOKEN_FP8 = _args(type="float", strategy="token", dynamic=True, observer=None)
-FP8_DYNAMIC = _compressed(
-    "float-quantized", _args(type="float", strategy="channel"), input_activations=TOKEN_FP8
-)
-FP8_STATIC = _compressed(
+FP8_STATIC = compressed_config(
     "float-quantized",
-    _args(type="float", strategy="tensor"),
-    input_activations=_args(type="float", strategy="tensor", observer="static_minmax"),
+    quant_args(type="float", strategy="tensor"),
+    input_activations=quant_args(type="float", strategy="tensor", observer="static_minmax"),
 )
-W4A16 = _compressed("pack-quantized", _args(num_bits=4, strategy="group", group_size=128))
-W4A16_ASYM = _compressed(
-    "pack-quantized", _args(num_bits=4, strategy="group", group_size=128, symmetric=False)
+W4A16 = compressed_config(
+    "pack-quantized", quant_args(num_bits=4, strategy="group", group_size=128)
 )
-W4A16_ACTORDER = _compressed(
-    "pack-quantized", _args(num_bits=4, strategy="group", group_size=64, actorder="group")
+W4A16_ASYM = compressed_config(
+    "pack-quantized", quant_args(num_bits=4, strategy="group", group_size=128, symmetric=False)
 )
-W8A16_CHANNEL = _compressed("pack-quantized", _args(num_bits=8, strategy="channel"))
-W8A16_G128 = _compressed("pack-quantized", _args(num_bits=8, strategy="group", group_size=128))
+W4A16_ACTORDER = compressed_config(
+    "pack-quantized", quant_args(num_bits=4, strategy="group", group_size=64, actorder="group")
+)
+W8A16_CHANNEL = compressed_config("pack-quantized", quant_args(num_bits=8, strategy="channel"))
+W8A16_G128 = compressed_config(
+    "pack-quantized", quant_args(num_bits=8, strategy="group", group_size=128)
+)
 AWQ = {  # AutoAWQ's save_quantized, as transformers' AwqConfig keeps it
     "bits": 4,
     "group_size": 128,
@@ -233,7 +191,7 @@ ACTS = "config_groups.group_0.input_activations"
         (_edit(FP8_DYNAMIC, f"{ACTS}.strategy", "group"), "strategy 'group' and dynamic True"),
         (_edit(FP8_DYNAMIC, f"{ACTS}.dynamic", False), "dynamic per-token or static per-tensor"),
         (_edit(FP8_DYNAMIC, f"{WEIGHTS}.type", "int"), "float-quantized holds FP8 weights"),
-        (_edit(FP8_DYNAMIC, "kv_cache_scheme", _args(type="float")), "KV-cache quantization"),
+        (_edit(FP8_DYNAMIC, "kv_cache_scheme", quant_args(type="float")), "KV-cache quantization"),
         (_edit(W4A16, "sparsity_config", {"format": "sparse-24-bitmask"}), "sparsity"),
         (_edit(W4A16, "quantization_status", "frozen"), "save_compressed=True"),
         (_edit(W4A16, "ignore", []), "quantizes lm_head"),

@@ -17,6 +17,7 @@ from registry.errors import NotServable
 from registry.models import BaseModel, Evaluation
 from registry.selectors import adapter_version_resolve
 from registry.services.base_models import base_model_import, base_model_recheck
+from tests.quantized.configs import FP8_DYNAMIC, quant_args, w4a16
 from tests.registry.conftest import (
     BASE_NAME,
     attach_eval_set,
@@ -26,57 +27,6 @@ from tests.registry.conftest import (
 
 pytestmark = pytest.mark.django_db
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
-
-def _args(**kw):
-    return {
-        "actorder": None,
-        "block_structure": None,
-        "dynamic": False,
-        "group_size": None,
-        "num_bits": 8,
-        "observer": None,
-        "observer_kwargs": {},
-        "strategy": "tensor",
-        "symmetric": True,
-        "type": "int",
-    } | kw
-
-
-def _config(fmt, weights, input_activations=None):
-    """quantization_config as llmcompressor writes one group over every Linear."""
-    return {
-        "config_groups": {
-            "group_0": {
-                "format": fmt,
-                "input_activations": input_activations,
-                "output_activations": None,
-                "targets": ["Linear"],
-                "weights": weights,
-            }
-        },
-        "format": fmt,
-        "ignore": ["lm_head"],
-        "kv_cache_scheme": None,
-        "quant_method": "compressed-tensors",
-        "quantization_status": "compressed",
-        "sparsity_config": {},
-        "transform_config": {},
-        "version": "0.13.0",
-    }
-
-
-FP8_DYNAMIC = _config(
-    "float-quantized",
-    _args(type="float", strategy="channel"),
-    _args(type="float", strategy="token", dynamic=True),
-)
-
-
-def w4a16(group_size: int, **weights) -> dict:
-    return _config(
-        "pack-quantized", _args(num_bits=4, strategy="group", group_size=group_size, **weights)
-    )
 
 
 def _fp8(weight: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -170,7 +120,7 @@ def _edit_config(folder, out, edit):
             "quant_method 'hqq' is not served",
         ),
         (
-            lambda w, c: c["quantization_config"].update(kv_cache_scheme=_args(type="float")),
+            lambda w, c: c["quantization_config"].update(kv_cache_scheme=quant_args(type="float")),
             "KV-cache quantization",
         ),
         # the config and tensors agree, but 64-input linears are not whole groups of 128
