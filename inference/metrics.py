@@ -140,6 +140,8 @@ class EngineCollector:
                 "under tensor parallelism).",
                 stats["weights_bytes"],
             )
+        if "engine_info" in stats:
+            yield _engine_info(stats["engine_info"], self.model_name())
         for key, (name, doc, vllm_name) in _COUNTERS.items():
             yield _counter(name, doc, stats[key])
             yield vllm.counter(vllm_name, doc, stats[key])
@@ -270,6 +272,17 @@ def _lora_requests_info(lora: dict):
         time.time(),  # as vLLM does: routers read the newest sample
     )
     yield info
+
+
+def _engine_info(info: dict, base_model: str):
+    """The device and settings the engine was sized with, as labels of one series (the
+    admin's Engines page plans capacity from them)."""
+    labels = {"base_model": base_model or "", **{k: str(v) for k, v in info.items()}}
+    family = GaugeMetricFamily(
+        "loraplex_engine_info", "The engine's device and sizing settings.", labels=list(labels)
+    )
+    family.add_metric(list(labels.values()), 1)
+    return family
 
 
 def adapter_names_shown() -> bool:

@@ -328,6 +328,8 @@ ENGINE_OPTIONS = {
     # the quality gate's scoring: at most this many tokens a step, never beside decodes alone
     "background_tokens_per_step": env.int("LORAPLEX_BACKGROUND_TOKENS_PER_STEP", default=None),
     "kv_cache_bytes": env.int("LORAPLEX_KV_CACHE_BYTES", default=None),
+    # on cuda without kv_cache_bytes: the share of device memory the engine sizes within
+    "gpu_memory_utilization": env.float("LORAPLEX_GPU_MEMORY_UTILIZATION", default=0.9),
     "max_loras": env.int("LORAPLEX_MAX_LORAS", default=8),
     "max_cpu_loras": env.int("LORAPLEX_MAX_CPU_LORAS", default=32),
     "max_lora_rank": MAX_LORA_RANK,

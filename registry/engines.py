@@ -259,6 +259,8 @@ class EngineState:
     metrics: dict[str, float] = field(default_factory=dict)
     hit_rates: dict[str, dict] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+    # the device and settings it was sized with (loraplex_engine_info's labels)
+    info: dict[str, str] = field(default_factory=dict)
 
     @property
     def prefix_cache(self) -> dict[str, float | None]:
@@ -281,6 +283,15 @@ class EngineState:
             self.adapters_by_tier.items(),
             key=lambda item: (order.index(item[0]) if item[0] in order else len(order), item[0]),
         )
+
+
+def parse_engine_info(text: str) -> dict[str, str]:
+    """The labels of loraplex_engine_info: the engine's device and sizing settings."""
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "loraplex_engine_info":
+                return dict(sample.labels)
+    return {}
 
 
 def parse_metrics(text: str) -> tuple[dict[str, float], dict[str, dict]]:
@@ -317,6 +328,7 @@ def engine_state(engine: str) -> EngineState:
     try:
         text = _call(engine, "GET", protocol.METRICS_PATH).decode(errors="replace")
         state.metrics, state.hit_rates = parse_metrics(text)
+        state.info = parse_engine_info(text)
     except EngineCallFailed as exc:
         state.errors.append(f"metrics: {exc.message}")
     except ValueError as exc:

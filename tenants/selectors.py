@@ -1,9 +1,9 @@
 """Reads, always scoped to one tenant: the single place tenant isolation is enforced for keys."""
 
-from django.db.models import QuerySet
+from django.db.models import Count, QuerySet
 from django.http import Http404
 
-from .models import ApiKey, Membership, Tenant
+from .models import ApiKey, Membership, Tenant, UsageRecord
 
 
 def api_key_list(*, tenant: Tenant) -> QuerySet[ApiKey]:
@@ -33,3 +33,14 @@ def membership_for(*, user, tenant_slug: str | None) -> Membership | None:
 def tenant_find(*, slug: str) -> Tenant | None:
     """For operators, who name tenants by slug: not scoped to a caller."""
     return Tenant.objects.filter(slug=slug).first()
+
+
+def requests_per_adapter(*, since) -> dict[int, int]:
+    """Requests metered since `since`, per adapter (by id; every version of it together),
+    for every tenant: the capacity planner's traffic mix. Base-model requests are left out."""
+    rows = (
+        UsageRecord.objects.filter(created_at__gte=since, adapter_version__isnull=False)
+        .values("adapter_version__adapter_id")
+        .annotate(requests=Count("id"))
+    )
+    return {row["adapter_version__adapter_id"]: row["requests"] for row in rows}

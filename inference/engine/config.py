@@ -19,6 +19,27 @@ __all__ = ["DTYPES", "EngineConfig", "ModelConfig"]
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def kv_bytes_per_token(mc: ModelConfig, itemsize: int) -> int:
+    """Bytes one token's keys and values take across all layers (a rank's share when `mc`
+    is one rank's shape); the KV cache and the capacity planner both size from this."""
+    return 2 * mc.num_layers * mc.num_kv_heads * mc.head_dim * itemsize
+
+
+def default_max_cpu_loras(max_loras: int) -> int:
+    """Host memory caches a few times what the device slots hold, and never too few."""
+    return max(4 * max_loras, 16)
+
+
+def default_batch_tokens(
+    device_type: str, chunked_prefill: bool, max_model_len: int, max_num_seqs: int
+) -> int:
+    """max_num_batched_tokens when unset: with chunked prefill 512 on cpu (a step stays
+    short) and 8192 on cuda; without, room for the longest prompt in one step."""
+    if not chunked_prefill:
+        return max(max_model_len, 2048)
+    return max(8192 if device_type == "cuda" else 512, max_num_seqs)
+
+
 @dataclass
 class EngineConfig:
     """Everything fixed at start-up. Reads the model's config.json on creation, so a bad
@@ -125,11 +146,9 @@ class EngineConfig:
     def _check_batch_budget(self, device: torch.device) -> None:
         assert self.max_model_len is not None
         if self.max_num_batched_tokens is None:
-            if not self.enable_chunked_prefill:
-                self.max_num_batched_tokens = max(self.max_model_len, 2048)
-            else:
-                self.max_num_batched_tokens = 8192 if device.type == "cuda" else 512
-                self.max_num_batched_tokens = max(self.max_num_batched_tokens, self.max_num_seqs)
+            self.max_num_batched_tokens = default_batch_tokens(
+                device.type, self.enable_chunked_prefill, self.max_model_len, self.max_num_seqs
+            )
         budget = self.max_num_batched_tokens
         if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
             raise ConfigError(f"max_num_batched_tokens must be a positive integer, got {budget!r}")
@@ -168,7 +187,7 @@ class EngineConfig:
                 f"deterministic_kernels must be true or false, got {self.deterministic_kernels!r}"
             )
         if self.max_cpu_loras is None:
-            self.max_cpu_loras = max(4 * self.max_loras, 16)
+            self.max_cpu_loras = default_max_cpu_loras(self.max_loras)
         if self.lora_extra_bytes is not None and (
             isinstance(self.lora_extra_bytes, bool)
             or not isinstance(self.lora_extra_bytes, int)
@@ -227,6 +246,4 @@ class EngineConfig:
     @property
     def kv_block_bytes(self) -> int:
         """Bytes of one KV block across all layers (keys and values)."""
-        mc = self.model_config
-        per_token = 2 * mc.num_layers * mc.num_kv_heads * mc.head_dim * self.torch_dtype.itemsize
-        return per_token * self.block_size
+        return kv_bytes_per_token(self.model_config, self.torch_dtype.itemsize) * self.block_size

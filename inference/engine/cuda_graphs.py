@@ -111,15 +111,22 @@ def graph_pool_estimate(
     hidden states beside attention's q, k, v and output or the MLP's gate, up and
     activation), the head (the logits in the model's dtype and soft-capped), and the
     sampling graph's copies of the logits."""
-    item = torch.empty((), dtype=dtype).element_size()
-    q, kv = mc.num_heads * mc.head_dim, mc.num_kv_heads * mc.head_dim
-    layer = item * (2 * mc.hidden_size + max(2 * q + 2 * kv, 3 * mc.intermediate_size))
-    head = item * (mc.hidden_size + 2 * mc.vocab_size)
+    layer, head = peak_row_bytes(mc, torch.empty((), dtype=dtype).element_size())
     row = max(layer, head, SAMPLE_BYTES_PER_LOGIT * mc.vocab_size)
     meta = torch.device("meta")  # the buffers' real layout, without memory
     buffers = DecodeBuffers(largest, max_blocks, mc.vocab_size, [0] * largest, meta)
     outputs = sum(len(MODES) * _allocation(8 * size) for size in capture_sizes(largest))
     return GraphPoolEstimate(buffers.nbytes, largest * row, outputs)
+
+
+def peak_row_bytes(mc: ModelConfig, itemsize: int) -> tuple[int, int]:
+    """(a layer's peak bytes per token, the head's per logits row): the residual and normed
+    hidden states beside attention's q, k, v and output or the MLP's gate, up and
+    activation; the logits in the model's dtype and soft-capped. The capacity planner
+    estimates a prefill step's activations from the same figures."""
+    q, kv = mc.num_heads * mc.head_dim, mc.num_kv_heads * mc.head_dim
+    layer = itemsize * (2 * mc.hidden_size + max(2 * q + 2 * kv, 3 * mc.intermediate_size))
+    return layer, itemsize * (mc.hidden_size + 2 * mc.vocab_size)
 
 
 def _allocation(nbytes: int) -> int:

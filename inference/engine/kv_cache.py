@@ -46,7 +46,7 @@ def device_kv_budget(
     """The share `gpu_memory_utilization` of a device's `total` bytes left for the KV cache
     once what is `used`, a step's peak `activations` and the decode graphs' pool are
     counted."""
-    budget = int(total * config.gpu_memory_utilization) - used - activations - graph_bytes
+    budget = memory_pool_bytes(total, config.gpu_memory_utilization, used, activations, graph_bytes)
     if budget < config.kv_block_bytes:
         graphs = f", {graph_bytes / 2**30:.2f} GiB kept for CUDA graphs" if graph_bytes else ""
         raise ConfigError(
@@ -55,6 +55,15 @@ def device_kv_budget(
             f"max_num_batched_tokens" + (" or max_cudagraph_capture_size" if graph_bytes else "")
         )
     return budget
+
+
+def memory_pool_bytes(
+    total: int, utilization: float, used: int, activations: int, graph_bytes: int
+) -> int:
+    """What the share `utilization` of a device's `total` bytes leaves for the KV cache and
+    the LoRA slots once resident memory, a step's peak activations and the decode graphs'
+    pool are counted (the capacity planner sizes with the same arithmetic)."""
+    return int(total * utilization) - used - activations - graph_bytes
 
 
 def allocate_kv_cache(
@@ -85,5 +94,9 @@ def default_kv_bytes(config: EngineConfig) -> int:
     """The CPU default: 512 MiB of cache, and never less than one sequence of
     `max_model_len` tokens (else the longest request the model takes could not run)."""
     assert config.max_model_len is not None  # resolved by EngineConfig
-    blocks = -(-config.max_model_len // config.block_size)
-    return max(CPU_DEFAULT_KV_BYTES, blocks * config.kv_block_bytes)
+    return cpu_default_kv_bytes(config.max_model_len, config.block_size, config.kv_block_bytes)
+
+
+def cpu_default_kv_bytes(max_model_len: int, block_size: int, kv_block_bytes: int) -> int:
+    blocks = -(-max_model_len // block_size)
+    return max(CPU_DEFAULT_KV_BYTES, blocks * kv_block_bytes)

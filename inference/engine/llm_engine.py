@@ -252,6 +252,7 @@ class LLMEngine:
             "prefix_cache_hits": self.block_manager.stats.hits,
             "prefix_cache_blocks": self.block_manager.num_cached_blocks,
             "weights_bytes": self.model_runner.weights_bytes,
+            "engine_info": self.model_runner.engine_info(),
             **self.metrics.snapshot(),
         }
         if self.lora_manager is not None:

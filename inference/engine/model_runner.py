@@ -3,6 +3,7 @@ sequence that fed its last uncomputed token (a prefill chunk short of that sampl
 
 import copy
 import logging
+import os
 from dataclasses import dataclass
 
 import torch
@@ -100,6 +101,33 @@ class ModelRunner:
             bf16_bytes / 2**20,
             self.weights_bytes / max(bf16_bytes, 1),
         )
+
+    def engine_info(self) -> dict[str, str | int | float | bool]:
+        """The device and settings this engine was sized with: what a capacity plan for
+        it starts from (the admin's Engines page sets one beside what the engine holds)."""
+        c = self.config
+        if self.device.type == "cuda":
+            props = torch.cuda.get_device_properties(self.device)
+            name, memory = props.name, props.total_memory
+        else:
+            name, memory = "cpu", os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        return {
+            "device_type": self.device.type,
+            "device_name": name,
+            "device_memory_bytes": memory,
+            "dtype": c.dtype,
+            "tensor_parallel_size": c.tensor_parallel_size,
+            "block_size": c.block_size,
+            "max_model_len": self.max_model_len,
+            "max_num_seqs": c.max_num_seqs,
+            "max_num_batched_tokens": self.max_num_batched_tokens,
+            "max_loras": c.max_loras if c.enable_lora else 0,
+            "max_cpu_loras": c.max_cpu_loras or 0,
+            "max_lora_rank": c.max_lora_rank,
+            "kv_cache_bytes": c.kv_cache_bytes or 0,  # 0: unset, sized from memory
+            "gpu_memory_utilization": c.gpu_memory_utilization,
+            "enforce_eager": c.enforce_eager,
+        }
 
     def _make_lora_slots(self) -> LoRASlots | None:
         config = self.config

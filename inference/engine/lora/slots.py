@@ -50,6 +50,7 @@ Factors = dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]
 # Device memory for extras (see arena.py); unset: `default_extra_bytes`
 EXTRA_BYTES_ENV = "LORAPLEX_LORA_EXTRA_BYTES"
 SAVED_HEADS_DEFAULT_BYTES = 128 << 20
+SCALE_DTYPE = BUFFER_DTYPE = torch.float32  # one scale per slot; the shrink's output
 # Where a swap-in's time is: seconds (CPU), or CUDA (start, end) events to read later
 SwapTiming = float | tuple[torch.cuda.Event, torch.cuda.Event]
 
@@ -94,21 +95,15 @@ class LoRASlots:
         self.device, self.dtype = param.device, param.dtype
         self.num_slots, self.max_rank = max_loras, max_rank
         self.max_saved_params = max_saved_params
-        # (layer, module) -> (A offset, B offset, in_features, out_features) in a slot row
-        self.offsets: dict[tuple[int, str], tuple[int, int, int, int]] = {}
         targets = list(_target_linears(model))
-        numel = 0
-        for layer, _, linear, modules in targets:
-            for module, width in zip(modules, linear.output_sizes, strict=True):
-                a_off, b_off = numel, numel + max_rank * linear.in_features
-                self.offsets[(layer, module)] = (a_off, b_off, linear.in_features, width)
-                numel = b_off + width * max_rank
-        self.slot_numel = numel
+        layout = slot_layout(model, max_rank)
+        # (layer, module) -> (A offset, B offset, in_features, out_features) in a slot row
+        self.offsets = layout.offsets
+        self.slot_numel = numel = layout.numel
         self.weights = torch.zeros(max_loras, numel, dtype=self.dtype, device=self.device)
-        self.scales = torch.zeros(max_loras, dtype=torch.float32, device=self.device)
-        max_slices = max(len(modules) for *_, modules in targets)
+        self.scales = torch.zeros(max_loras, dtype=SCALE_DTYPE, device=self.device)
         self.buffer = torch.empty(
-            max_slices, max_tokens, max_rank, dtype=torch.float32, device=self.device
+            layout.max_slices, max_tokens, max_rank, dtype=BUFFER_DTYPE, device=self.device
         )
         self.backend = select_backend(self.device)
         self.deterministic = deterministic  # every step's batch (see LoRABatch.deterministic)
@@ -274,6 +269,52 @@ class LoRASlots:
         if not self.head_slots:
             return None
         return slot_rows(row_slots, self.head_slots, self.device) or None
+
+
+@dataclass(frozen=True)
+class SlotLayout:
+    """Where each target's factors sit in a slot row, padded to the largest rank."""
+
+    offsets: dict[tuple[int, str], tuple[int, int, int, int]]  # (A, B, in, out) per module
+    numel: int  # one slot row's elements
+    max_slices: int  # the most output slices one target linear has (q, k, v: 3)
+
+
+def slot_layout(model: CausalLM, max_rank: int) -> SlotLayout:
+    """Every target linear of every layer, each output slice's A [max_rank, in] then B
+    [out, max_rank], in model order; a rank's shapes under tensor parallelism."""
+    offsets: dict[tuple[int, str], tuple[int, int, int, int]] = {}
+    numel = max_slices = 0
+    for layer, _, linear, modules in _target_linears(model):
+        max_slices = max(max_slices, len(modules))
+        for module, width in zip(modules, linear.output_sizes, strict=True):
+            a_off, b_off = numel, numel + max_rank * linear.in_features
+            offsets[(layer, module)] = (a_off, b_off, linear.in_features, width)
+            numel = b_off + width * max_rank
+    return SlotLayout(offsets, numel, max_slices)
+
+
+def slots_nbytes(
+    model: CausalLM,
+    max_loras: int,
+    max_rank: int,
+    max_tokens: int,
+    *,
+    extra_bytes: int | None,
+    max_saved_params: int,
+) -> int:
+    """Device bytes `LoRASlots` takes with these settings (its `nbytes`), from the model's
+    shapes alone: the slot rows, their scales, the shrink buffer and the extras arena."""
+    layout = slot_layout(model, max_rank)
+    itemsize = model.lm_head.weight.element_size()
+    if extra_bytes is None:
+        extra_bytes = default_extra_bytes(
+            model, max_loras, max_rank, max_saved_params, layout.numel
+        )
+    rows = max_loras * layout.numel * itemsize
+    scales = max_loras * SCALE_DTYPE.itemsize
+    buffer = layout.max_slices * max_tokens * max_rank * BUFFER_DTYPE.itemsize
+    return rows + scales + buffer + extra_bytes // itemsize * itemsize
 
 
 def default_extra_bytes(

@@ -13,7 +13,7 @@ GEMM (their own activation order or static input scale) run as separate pieces.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -396,13 +396,17 @@ def make_row_parallel(
     )
 
 
-def weight_bytes(model: nn.Module) -> tuple[int, int]:
-    """(bytes the model's weights take resident, bytes they would take in bf16)."""
+def weight_bytes(
+    model: nn.Module, quantized: Callable[[QuantizedLinear], int] | None = None
+) -> tuple[int, int]:
+    """(bytes the model's weights take resident, bytes they would take in bf16).
+    `quantized`: what a quantized linear takes, when not read from its loaded buffers (the
+    capacity planner counts a model built on the meta device with `stored_bytes`)."""
     resident = bf16 = 0
     seen: set[int] = set()
     for module in model.modules():
         if isinstance(module, QuantizedLinear):
-            resident += module.resident_bytes()
+            resident += module.resident_bytes() if quantized is None else quantized(module)
             bias = module.out_features if module.bias is not None else 0
             bf16 += 2 * (module.out_features * module.in_features + bias)
             continue
@@ -413,3 +417,24 @@ def weight_bytes(model: nn.Module) -> tuple[int, int]:
             resident += p.numel() * p.element_size()
             bf16 += 2 * p.numel()
     return resident, bf16
+
+
+# safetensors dtypes a quantized linear's resident tensors are kept in; scales at 16 bits, as
+# llmcompressor writes them
+_DTYPE_BYTES = {"F8_E4M3": 1, "I32": 4, "I64": 8, "F16": 2, "BF16": 2, "F32": 4}
+_NOT_RESIDENT = ("weight_shape",)  # read at load, not kept
+
+
+def stored_bytes(linear: QuantizedLinear) -> int:
+    """What a quantized linear holds once loaded, from its scheme and this rank's shapes
+    alone: each part's tensors as its format stores them, plus the bias."""
+    total = 0 if linear.bias is None else linear.out_features * linear.compute_dtype.itemsize
+    for rows in linear.output_sizes:
+        for tensor in expected_tensors(linear.scheme, linear.in_features, rows):
+            if tensor.suffix in _NOT_RESIDENT:
+                continue
+            numel = 1
+            for n in tensor.shapes[0]:
+                numel *= n
+            total += numel * _DTYPE_BYTES[tensor.dtypes[0]]
+    return total

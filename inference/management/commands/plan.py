@@ -1,0 +1,159 @@
+"""`manage.py plan`: what fits on a device (weights, KV cache, adapter slots, hit rates)
+and the settings `serve` needs for it, before anyone buys one (inference/engine/planning)."""
+
+import json
+from datetime import timedelta
+from pathlib import Path
+
+from django.core.management.base import BaseCommand, CommandError
+from django.utils import timezone
+
+from inference.engine.planning import (
+    DEFAULT_CONCURRENCY,
+    DEVICE_NAMES,
+    PRESETS,
+    QUANTIZATIONS,
+    Plan,
+    PlanError,
+    PlanRequest,
+    UnknownDevice,
+    device_named,
+    parse_targets,
+    plan,
+)
+from tenants.selectors import requests_per_adapter
+
+RECENT_DAYS = 7  # --from-registry: the traffic mix of the last week
+GB = 1e9
+
+
+class Command(BaseCommand):
+    help = (
+        "Plan a deployment: weights, KV cache, adapter slots, cache hit rates and the "
+        "LORAPLEX_* settings for a model on a device."
+    )
+
+    def add_arguments(self, parser):
+        model = parser.add_mutually_exclusive_group(required=True)
+        model.add_argument("--model", metavar="PRESET", help=f"one of {', '.join(PRESETS)}")
+        model.add_argument("--config", metavar="PATH", help="a model's config.json")
+        parser.add_argument("--quantization", choices=list(QUANTIZATIONS), default=None)
+        parser.add_argument("--device", choices=list(DEVICE_NAMES), default="h200")
+        parser.add_argument("--memory-bytes", type=int, default=None)
+        parser.add_argument("--tp", type=int, default=1)
+        parser.add_argument("--rank", type=int, default=16)
+        parser.add_argument("--targets", default="all-linear")
+        parser.add_argument("--tenants", type=int, default=100)
+        parser.add_argument("--zipf", type=float, default=1.1)
+        parser.add_argument(
+            "--from-registry",
+            action="store_true",
+            help=f"the adapters' request counts of the last {RECENT_DAYS} days instead of Zipf",
+        )
+        parser.add_argument("--prompt-tokens", type=int, default=1024)
+        parser.add_argument("--output-tokens", type=int, default=256)
+        parser.add_argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY)
+        parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+    def handle(self, **options):
+        try:
+            request = self._request(options)
+            result = plan(request)
+        except (PlanError, UnknownDevice) as e:
+            raise CommandError(str(e)) from None
+        if options["json"]:
+            self.stdout.write(json.dumps(result.to_dict()))
+        else:
+            self.stdout.write(render(result))
+
+    def _request(self, o) -> PlanRequest:
+        config, name = _model(o["model"], o["config"])
+        counts = None
+        if o["from_registry"]:
+            since = timezone.now() - timedelta(days=RECENT_DAYS)
+            counts = tuple(sorted(requests_per_adapter(since=since).values(), reverse=True))
+            if not counts:
+                raise CommandError(
+                    f"--from-registry: no adapter requests were metered in the last "
+                    f"{RECENT_DAYS} days; plan with --tenants and --zipf instead"
+                )
+        return PlanRequest(
+            config=config,
+            name=name,
+            device=device_named(o["device"], o["memory_bytes"]),
+            quantization=o["quantization"],
+            tp=o["tp"],
+            rank=o["rank"],
+            targets=parse_targets(o["targets"]),
+            tenants=len(counts) if counts else o["tenants"],
+            zipf=o["zipf"],
+            usage_counts=counts,
+            prompt_tokens=o["prompt_tokens"],
+            output_tokens=o["output_tokens"],
+            concurrency=o["concurrency"],
+        )
+
+
+def _model(preset: str | None, path: str | None) -> tuple[dict, str]:
+    if preset is not None:
+        if preset not in PRESETS:
+            raise CommandError(f"unknown model preset {preset!r}; known: {', '.join(PRESETS)}")
+        return PRESETS[preset], preset
+    assert path is not None
+    file = Path(path)
+    if file.is_dir():
+        file = file / "config.json"
+    try:
+        raw = json.loads(file.read_text())
+    except OSError as e:
+        raise CommandError(f"--config {path}: cannot read it ({e.strerror})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CommandError(f"--config {path}: not valid JSON ({e})") from None
+    if not isinstance(raw, dict):
+        raise CommandError(f"--config {path}: must hold a JSON object")
+    return raw, str(path)
+
+
+def render(p: Plan) -> str:
+    """The plan as a table: whole figures, one GPU's beside them."""
+    d = p.to_dict()
+    tp, mib = p.tp, 2**20
+
+    def size(name: str) -> str:
+        whole, one = d[name] / GB, d[f"{name}_per_gpu"] / GB
+        return f"{whole:,.2f} GB" + (f"  ({one:,.2f} GB per GPU)" if tp > 1 else "")
+
+    per_token = f"{d['kv_bytes_per_token']:,}"
+    if tp > 1:
+        per_token += f"  ({d['kv_bytes_per_token_per_gpu']:,} per GPU)"
+    overheads = (d["activation_bytes"] + d["graph_bytes"] + d["runtime_bytes"]) / GB
+    rates = p.hit_rates
+    rows = [
+        ("model", f"{p.model} ({p.quantization}, {p.dtype})"),
+        ("device", f"{p.device} x {tp}, {p.memory_bytes_per_gpu / GB:,.1f} GB each"),
+        ("fits", "yes" if p.fits else f"NO: {p.reason}"),
+        ("weights", size("weights_bytes")),
+        ("activations + graphs + runtime", f"{overheads:,.2f} GB"),
+        ("pool (KV cache + slots)", size("pool_bytes")),
+        ("KV bytes per token", per_token),
+        ("KV tokens", f"{p.kv_tokens:,} ({p.kv_blocks:,} blocks of {p.block_size})"),
+        ("largest batch", f"{p.max_batch} x {p.max_model_len} tokens"),
+        ("concurrency", str(p.concurrency)),
+        ("adapter slot row", f"{d['adapter_bytes'] / mib:,.1f} MiB"),
+        ("adapter's own factors", f"{d['adapter_weights_bytes'] / mib:,.1f} MiB"),
+        ("device slots", f"{p.device_slots} ({d['slots_bytes'] / GB:,.2f} GB with extras)"),
+        ("host slots", f"{p.host_slots} ({d['host_bytes'] / GB:,.2f} GB of host memory)"),
+        ("hit rates", f"device {rates.device:.1%}, host {rates.host:.1%}, disk {rates.disk:.1%}"),
+        ("swap-in", f"{p.swap_in_seconds * 1000:,.1f} ms per adapter"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    lines = [f"{k:<{width}}  {v}" for k, v in rows]
+    for s in p.suggestions:
+        lines.append(
+            f"{'would fit':<{width}}  --tp {s['tp']} --quantization {s['quantization']}: "
+            f"{s['device_slots']} slots, {s['kv_tokens']:,} KV tokens"
+        )
+    if p.settings:
+        lines.append("")
+        lines += [f"{name}={value}" for name, value in p.settings.items()]
+    return "\n".join(lines)
