@@ -253,6 +253,10 @@ class LLMEngine:
             "prefix_cache_blocks": self.block_manager.num_cached_blocks,
             "weights_bytes": self.model_runner.weights_bytes,
             "engine_info": self.model_runner.engine_info(),
+            # CPU decode: tokens whose keys and values were copied from the cache into the
+            # decode buffers, and moved within them as they grew
+            "decode_kv_copied_tokens": self.model_runner.kv_copies.total_copied,
+            "decode_kv_moved_tokens": self.model_runner.kv_copies.total_moved,
             **self.metrics.snapshot(),
         }
         if self.lora_manager is not None:

@@ -16,7 +16,8 @@ import torch
 
 from .config import EngineConfig
 from .cuda_graphs import DecodeRows
-from .model.context import ForwardContext, PagedStep
+from .decode_buffers import DecodeBufferPlanner
+from .model.context import DecodeGroup, ForwardContext, PagedStep
 from .model.rotary import uses_long_factors
 from .scheduler import ScheduledBatch
 from .sequence import Sequence
@@ -75,8 +76,8 @@ def step_staging_bytes(config: EngineConfig) -> int:
 
 
 class InputBuilder:
-    """Builds each step's inputs on the host and uploads them, and keeps the CPU decode
-    buffers' state from step to step."""
+    """Builds each step's inputs on the host and uploads them, and plans the CPU decode
+    buffers from step to step."""
 
     def __init__(
         self, config: EngineConfig, device: torch.device, kv_block_bytes: int, num_blocks: int
@@ -89,13 +90,11 @@ class InputBuilder:
         self.longrope_original = config.model_config.longrope_original
         self.paged = config.attention_backend == "triton"  # the Triton paged-attention kernels
         self.token_bytes = kv_block_bytes // self.block_size
-        # Decode attention may keep a padded copy of the running batch's keys and values
-        # (see Attention.decode_kv), at most as large as the cache itself. Not on CUDA: there
+        # Decode attention on the CPU keeps each sequence's keys and values between steps
+        # (decode_buffers.py), at most as many bytes as the cache itself. Not on CUDA: there
         # the cache already fills the memory, and a paged-attention kernel is the way.
-        self.decode_buffer_bytes = num_blocks * kv_block_bytes if device.type == "cpu" else 0
-        self.decode_buffer_headroom = 64  # tokens to grow by before the buffers are rebuilt
-        self._last_decode: list[tuple[Sequence, int]] = []  # (sequence, length) of the last decode
-        self._buffer_len = 0
+        keep = num_blocks * kv_block_bytes if device.type == "cpu" and not self.paged else 0
+        self.decode_buffers = DecodeBufferPlanner(self.block_size, self.token_bytes, keep)
         self.staging = Staging(step_staging_bytes(config), device)
 
     def upload(self, inputs: ForwardInputs) -> DeviceInputs:
@@ -108,10 +107,8 @@ class InputBuilder:
         uploaded = self.staging.upload([*host, *context.values()])
         on_device = dict(zip(context, uploaded[len(host) :], strict=True))
         ctx: ForwardContext = _replace(inputs.ctx, on_device)
-        if ctx.context_lens is not None and ctx.paged is None:
-            assert inputs.ctx.context_lens is not None
-            lengths = inputs.ctx.context_lens.tolist()  # the host's copy
-            ctx.decode_groups = self._decode_groups(lengths, ctx.context_lens)
+        if ctx.context_lens is not None and ctx.decode_groups is not None:
+            ctx.decode_groups = self._with_masks(ctx.decode_groups, ctx.context_lens)
         return DeviceInputs(ctx, *uploaded[: len(host)])
 
     def build(self, batch: ScheduledBatch) -> BatchInputs:
@@ -124,8 +121,8 @@ class InputBuilder:
             self._add_prefill(step, slots, seq, n)
         if batch.decodes:
             self._add_decodes(step, slots, batch.decodes)
-        else:
-            self._last_decode = []  # the next decode batch is new
+        elif not self.paged:  # the buffers of sequences gone since the last decode go
+            step.forward.ctx.decode_plan = self.decode_buffers.release()
         step.forward.ctx.slot_mapping = self.tensor(slots)
         return step
 
@@ -205,25 +202,29 @@ class InputBuilder:
 
     def _prepare_decode(self, seqs: list[Sequence], ctx: ForwardContext, offset: int) -> list[int]:
         """Set up the decode part of a step: the newest token of each sequence, attending over
-        all the sequence's blocks. The part runs longest first, so sequences of similar length
-        can attend as one group without reading the padding of much longer ones. Returns each
-        sequence's row in the step (`offset` is where the part starts)."""
-        order = sorted(range(len(seqs)), key=lambda i: -len(seqs[i]))
-        rows = [0] * len(seqs)
-        for row, i in enumerate(order):
-            rows[i] = offset + row
-        seqs = [seqs[i] for i in order]
-        lengths = [len(seq) for seq in seqs]
-        tables = _padded_tables([seq.block_table for seq in seqs])
+        all the sequence's blocks, in groups of similar lengths that attend as one call each:
+        the kept buffers' on the CPU, else groups of the rows sorted longest first, so none
+        reads the padding of much longer ones. Returns each sequence's row in the step
+        (`offset` is where the part starts)."""
+        planned = None if self.paged else self.decode_buffers.plan(seqs)
+        if planned is None:
+            ordered = sorted(seqs, key=len, reverse=True)
+            bounds = _length_groups([len(seq) for seq in ordered])
+            groups = [DecodeGroup(start, end, 0, start, width) for start, end, width in bounds]
+        else:
+            ordered, groups, ctx.decode_plan = planned
+        row_of = {id(seq): offset + row for row, seq in enumerate(ordered)}
+        lengths = [len(seq) for seq in ordered]
+        tables = _padded_tables([seq.block_table for seq in ordered])
         if ctx.paged is not None:
             ctx.paged.decode_tables = self.tensor(tables, torch.int32)
             ctx.paged.context_lens = self.tensor(lengths, torch.int32)
             ctx.block_tables = ctx.paged.decode_tables  # marks the step as having decodes
-            return rows
-        ctx.decode_buffer_len, ctx.refresh_decode_buffers = self._decode_buffers(seqs)
-        ctx.block_tables = self.tensor(tables)
-        ctx.context_lens = self.tensor(lengths)  # its masks are made on the device (upload)
-        return rows
+        else:
+            ctx.decode_groups = groups
+            ctx.block_tables = self.tensor(tables)
+            ctx.context_lens = self.tensor(lengths)  # its masks are made on the device (upload)
+        return [row_of[id(seq)] for seq in seqs]
 
     def _paged_prefill(self, prefills: list[tuple[Sequence, int]]) -> PagedStep:
         """The prefill chunks' tables and bounds as the paged kernels read them."""
@@ -241,35 +242,14 @@ class InputBuilder:
         step.max_query_len = max(n for _, n in prefills)
         return step
 
-    def _decode_groups(
-        self, lengths: list[int], on_device: torch.Tensor
-    ) -> list[tuple[int, int, torch.Tensor]]:
-        """Rows (longest first) that attend in one call, each group with its additive mask
-        (`on_device`: the lengths, uploaded)."""
-        span = torch.arange(lengths[0], device=self.device)
-        hidden = span[None, :] >= on_device[:, None]  # beyond a row's own tokens
+    def _with_masks(self, groups: list[DecodeGroup], lengths: torch.Tensor) -> list[DecodeGroup]:
+        """The decode groups with their additive masks, made on the device from the
+        uploaded lengths."""
+        span = torch.arange(max(g.width for g in groups), device=self.device)
+        hidden = span[None, :] >= lengths[:, None]  # beyond a row's own tokens
         mask = torch.zeros(hidden.shape, dtype=self.dtype, device=self.device)
         mask = mask.masked_fill_(hidden, float("-inf"))[:, None, None, :]
-        return [(s, e, mask[s:e, :, :, :width]) for s, e, width in _length_groups(lengths)]
-
-    def _decode_buffers(self, seqs: list[Sequence]) -> tuple[int | None, bool]:
-        """(length of the decode buffers or None for none, whether to rebuild them). They are
-        kept while the batch is the previous decode batch, each sequence one token longer."""
-        previous, self._last_decode = self._last_decode, [(seq, len(seq)) for seq in seqs]
-        longest = max(len(seq) for seq in seqs)
-        same_batch = len(previous) == len(seqs) and all(
-            seq is old and len(seq) == n + 1 for seq, (old, n) in zip(seqs, previous, strict=True)
-        )
-        if same_batch and longest <= self._buffer_len:
-            return self._buffer_len, False
-        # room to grow for a while before the next rebuild
-        self._buffer_len = (
-            -(-(longest + self.decode_buffer_headroom) // self.block_size) * self.block_size
-        )
-        if len(seqs) * self._buffer_len * self.token_bytes > self.decode_buffer_bytes:
-            self._last_decode = []
-            return None, True
-        return self._buffer_len, True
+        return [dataclasses.replace(g, mask=mask[g.start : g.end, :, :, : g.width]) for g in groups]
 
 
 def _collect(value: Any, found: dict[int, torch.Tensor]) -> None:

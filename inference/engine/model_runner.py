@@ -14,6 +14,7 @@ from .errors import ConfigError
 from .kernel_warmup import compile_kernels
 from .kv_cache import allocate_kv_cache, kv_cache_budget
 from .lora.slots import LoRASlots
+from .model.attention import Attention
 from .model.context import ForwardContext, LoRAStep, SlotRows, forward_context
 from .model.decoder import CausalLM
 from .model.loader import load_weights
@@ -28,6 +29,25 @@ from .sequence import Sequence
 from .utils import default_dtype
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass
+class KVCopies:
+    """Decode keys and values the CPU attention copied, in tokens (a token's keys and
+    values in every layer): from the cache into decode buffers (a sequence joining the
+    decode batch, or every sequence each step when no buffers are kept), and within buffers
+    that grew. The last step's, and the totals."""
+
+    copied: int = 0
+    moved: int = 0
+    total_copied: int = 0
+    total_moved: int = 0
+
+    def count(self, layers: list[Attention]) -> None:
+        self.copied = max((layer.decode_kv.copied_tokens for layer in layers), default=0)
+        self.moved = max((layer.decode_kv.moved_tokens for layer in layers), default=0)
+        self.total_copied += self.copied
+        self.total_moved += self.moved
 
 
 @dataclass
@@ -91,6 +111,8 @@ class ModelRunner:
         with torch.device(self.device), default_dtype(config.torch_dtype):
             self.model = CausalLM(mc, max_positions=self.max_model_len, plan=plan).eval()
         load_weights(self.model, config.model)
+        self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
+        self.kv_copies = KVCopies()
         self.weights_bytes, bf16_bytes = weight_bytes(self.model)
         scheme = mc.quantization
         logger.info(
@@ -273,6 +295,8 @@ class ModelRunner:
             if ctx.lora is not None:  # lm_head sees the sampled rows only
                 ctx.lora_head = self._lora_head([inputs.lora_slots[r] for r in inputs.rows])
             logits = self.model.compute_logits(hidden[on_device.rows]).float()
+        if not self.paged:
+            self.kv_copies.count(self.attention_layers)
         return logits
 
     def _forward_all_ranks(self, inputs: ForwardInputs) -> torch.Tensor:

@@ -42,7 +42,7 @@ def test_mixed_batch_logits_match_peft_at_prefill_and_decode(
 ):
     engine = lora_engine(lora_model_dir, max_loras=len(VARIANTS), max_lora_rank=16)
     if decode_kv == "gathered":
-        engine.model_runner.input_builder.decode_buffer_bytes = 0
+        engine.model_runner.input_builder.decode_buffers.budget_bytes = 0
     names = [*VARIANTS, None]
     requests = {n: request_for(n, adapters(n, **VARIANTS[n])) for n in VARIANTS}
     futures = [engine.load_lora(r) for r in requests.values()]

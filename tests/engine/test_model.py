@@ -43,9 +43,9 @@ def test_prefill_and_decode_logits_match_transformers(model_dir, decode_kv):
     engine = LLMEngine(model=model_dir, block_size=4, kv_cache_bytes=1 << 20)
     inputs = engine.model_runner.input_builder
     if decode_kv == "buffered":
-        inputs.decode_buffer_headroom = 2  # rebuilt every few steps, appended between
+        inputs.decode_buffers.headroom = 2  # buffers grow every few steps, appended between
     else:
-        inputs.decode_buffer_bytes = 0  # gathered from the paged cache every step
+        inputs.decode_buffers.budget_bytes = 0  # gathered from the paged cache every step
     vocab = engine.config.model_config.vocab_size
     # Different lengths in one batch; 70 tokens cross many blocks and pass the llama3
     # original context of 32, where the scaled frequencies matter.

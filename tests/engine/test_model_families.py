@@ -62,9 +62,9 @@ def test_logits_match_transformers_past_the_window(family_dir, mode):
         kwargs = {"max_num_batched_tokens": 7, "max_num_seqs": 4}
     engine = LLMEngine(model=folder, block_size=4, kv_cache_bytes=1 << 20, **kwargs)
     if mode == "buffered":
-        engine.model_runner.input_builder.decode_buffer_headroom = 2
+        engine.model_runner.input_builder.decode_buffers.headroom = 2
     else:
-        engine.model_runner.input_builder.decode_buffer_bytes = 0
+        engine.model_runner.input_builder.decode_buffers.budget_bytes = 0
     torch.manual_seed(1)
     prompts = [torch.randint(3, 384, (n,)).tolist() for n in PROMPT_LENGTHS]
     _compare_steps(engine, hf, prompts, DECODE_STEPS)

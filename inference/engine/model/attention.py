@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .context import ForwardContext, PagedStep, get_forward_context
+from .decode_kv import DecodeKV
 
 
 def store_kv(
@@ -34,7 +35,9 @@ def attend(
 ) -> torch.Tensor:
     """softmax(q k^T * scale + mask) v over [batch, heads, tokens, head_dim], where k and v
     may have fewer (grouped) heads. Without a mask, causal. With `softcap` (Gemma 2) the
-    scores pass through cap * tanh(s / cap) first, which SDPA cannot do: computed here."""
+    scores pass through cap * tanh(s / cap) first, which SDPA cannot do: computed here, a
+    head at a time, since k and v may be strided views (the decode buffers) that a matmul
+    batched over heads would copy whole."""
     if softcap is None:
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=True
@@ -42,12 +45,19 @@ def attend(
     if k.shape[1] != q.shape[1]:
         k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
         v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
-    scores = torch.tanh(torch.matmul(q, k.transpose(-1, -2)) * (scale / softcap)) * softcap
     if mask is None:
         mask = causal_mask(0, q.shape[-2], None, q.device)
-    is_bool = mask.dtype == torch.bool
-    scores = scores.masked_fill(~mask, float("-inf")) if is_bool else scores + mask
-    return torch.matmul(torch.softmax(scores.float(), dim=-1).to(q.dtype), v)
+    out = q.new_empty(q.shape)
+    for h in range(q.shape[1]):
+        head_mask = mask if mask.dim() < 4 else mask[:, h if mask.shape[1] > 1 else 0]
+        scores = torch.matmul(q[:, h], k[:, h].transpose(-1, -2))
+        scores = torch.tanh(scores * (scale / softcap)) * softcap
+        if head_mask.dtype == torch.bool:
+            scores = scores.masked_fill(~head_mask, float("-inf"))
+        else:
+            scores = scores + head_mask
+        out[:, h] = torch.matmul(torch.softmax(scores.float(), dim=-1).to(q.dtype), v[:, h])
+    return out
 
 
 def causal_mask(start: int, total: int, window: int | None, device: torch.device) -> torch.Tensor:
@@ -105,27 +115,42 @@ def gather_kv(cache: torch.Tensor, block_tables: torch.Tensor, length: int) -> t
 
 
 def decode_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: ForwardContext, layer: "Attention"
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    ctx: ForwardContext,
+    layer: "Attention",
 ) -> torch.Tensor:
-    """One new token per sequence against all its cached tokens: a batched call per group of
-    similar lengths over padded [seqs, kv_heads, length, head_dim] keys and values. The
-    query heads that share a KV head take the place of the query-length dimension."""
+    """One new token per sequence against all its cached tokens: a batched call per group
+    over padded [seqs, kv_heads, length, head_dim] keys and values, the kept buffers' (see
+    DecodeKV) or, with none kept, a copy gathered from the cache this step. The query heads
+    that share a KV head take the place of the query-length dimension."""
     num_seqs, num_heads, head_dim = q.shape
     kv_heads = k.shape[1]
     qg = q.view(num_seqs, kv_heads, num_heads // kv_heads, head_dim)
     out = q.new_empty(qg.shape)
-    assert ctx.decode_groups is not None, "a decode step has its groups"
-    for i, (start, end, mask) in enumerate(ctx.decode_groups):
-        width = mask.shape[-1]
+    groups, lengths = ctx.decode_groups, ctx.context_lens
+    assert groups is not None and lengths is not None, "a decode step has its groups"
+    buffers = layer.decode_kv
+    if ctx.decode_plan is None:  # every cached token gathered afresh (the new one is stored)
+        tables = ctx.block_tables
+        assert tables is not None
+        width = tables.shape[1] * layer.k_cache.shape[1]
+        gathered = gather_kv(layer.k_cache, tables, width), gather_kv(layer.v_cache, tables, width)
+        buffers.copied_tokens = num_seqs * width
+    else:
+        buffers.append(k, v, groups, lengths)
+    for i, group in enumerate(groups):
+        if ctx.decode_plan is None:
+            ks, vs = (t[group.slot : group.slot + group.end - group.start] for t in gathered)
+            ks, vs = ks[:, :, : group.width], vs[:, :, : group.width]
+        else:
+            ks, vs = buffers.group_kv(group)
+        mask = group.mask
         if layer.window is not None:
             mask = window_decode_mask(ctx, i, layer.window)
-        out[start:end] = attend(
-            qg[start:end],
-            k[start:end, :, :width],
-            v[start:end, :, :width],
-            mask,
-            layer.scale,
-            layer.softcap,
+        out[group.start : group.end] = attend(
+            qg[group.start : group.end], ks, vs, mask, layer.scale, layer.softcap
         )
     return out.view(num_seqs, num_heads, head_dim)
 
@@ -136,10 +161,11 @@ def window_decode_mask(ctx: ForwardContext, group: int, window: int) -> torch.Te
     key = (group, window)
     if key not in ctx.window_masks:
         assert ctx.decode_groups is not None and ctx.context_lens is not None
-        start, end, mask = ctx.decode_groups[group]
-        first = (ctx.context_lens[start:end] - window).view(-1, 1, 1, 1)
-        positions = torch.arange(mask.shape[-1], device=mask.device)
-        ctx.window_masks[key] = mask.masked_fill(positions < first, float("-inf"))
+        g = ctx.decode_groups[group]
+        assert g.mask is not None, "masks are made at upload"
+        first = (ctx.context_lens[g.start : g.end] - window).view(-1, 1, 1, 1)
+        positions = torch.arange(g.mask.shape[-1], device=g.mask.device)
+        ctx.window_masks[key] = g.mask.masked_fill(positions < first, float("-inf"))
     return ctx.window_masks[key]
 
 
@@ -162,28 +188,29 @@ class Attention(nn.Module):
         self.window = window  # sliding-window layer: attends to the last `window` tokens only
         self.softcap = softcap
         self.k_cache = self.v_cache = torch.empty(0)
-        self.k_buffer: torch.Tensor | None = None  # see decode_kv
-        self.v_buffer: torch.Tensor | None = None
+        self.decode_kv = DecodeKV()  # on the CPU, the decode batch's keys and values kept
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         ctx = get_forward_context()
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
+        caches = (self.k_cache, self.v_cache)
         if self.k_cache.numel():
             store_kv(self.k_cache, self.v_cache, k, v, ctx.slot_mapping)
             if ctx.paged is not None:
                 return self.paged_attention(q, ctx.paged, ctx.num_prefill_tokens).flatten(1)
+            if ctx.decode_plan is None:
+                self.decode_kv.clear()
+            else:
+                self.decode_kv.apply(ctx.decode_plan, ctx.block_tables, caches)
         if not ctx.has_decodes:
-            self.k_buffer = self.v_buffer = None  # the next decode batch differs; free them now
-            return prefill_attention(q, k, v, ctx, (self.k_cache, self.v_cache), self).flatten(1)
+            return prefill_attention(q, k, v, ctx, caches, self).flatten(1)
         p = ctx.num_prefill_tokens
         out = q.new_empty(q.shape)
         if p:
-            out[:p] = prefill_attention(
-                q[:p], k[:p], v[:p], ctx, (self.k_cache, self.v_cache), self
-            )
-        out[p:] = decode_attention(q[p:], *self.decode_kv(k[p:], v[p:], ctx), ctx, self)
+            out[:p] = prefill_attention(q[:p], k[:p], v[:p], ctx, caches, self)
+        out[p:] = decode_attention(q[p:], k[p:], v[p:], ctx, self)
         return out.flatten(1)
 
     def paged_attention(self, q: torch.Tensor, step: PagedStep, num_prefill: int) -> torch.Tensor:
@@ -221,24 +248,3 @@ class Attention(nn.Module):
                 softcap=self.softcap,
             )
         return out
-
-    def decode_kv(
-        self, k: torch.Tensor, v: torch.Tensor, ctx: ForwardContext
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Padded keys and values of the decode batch. Gathering every cached token of every
-        sequence each step costs as much as the matmuls on a CPU, so when the runner allows
-        it the gathered copy is kept and only the new token is written into it next step."""
-        tables = ctx.block_tables
-        assert tables is not None and ctx.context_lens is not None, "a decode step has its tables"
-        if ctx.decode_buffer_len is None:  # gather afresh every step and keep nothing
-            self.k_buffer = self.v_buffer = None
-            width = tables.shape[1] * self.k_cache.shape[1]
-            return gather_kv(self.k_cache, tables, width), gather_kv(self.v_cache, tables, width)
-        if ctx.refresh_decode_buffers or self.k_buffer is None or self.v_buffer is None:
-            self.k_buffer = gather_kv(self.k_cache, tables, ctx.decode_buffer_len)
-            self.v_buffer = gather_kv(self.v_cache, tables, ctx.decode_buffer_len)
-        else:
-            rows = torch.arange(k.shape[0], device=k.device)
-            self.k_buffer[rows, :, ctx.context_lens - 1] = k
-            self.v_buffer[rows, :, ctx.context_lens - 1] = v
-        return self.k_buffer, self.v_buffer

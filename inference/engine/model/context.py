@@ -46,6 +46,35 @@ class PagedStep:
 
 
 @dataclass
+class DecodeGroup:
+    """Decode rows start..end, which attend in one call: over kept buffer `buffer`'s slots
+    from `slot` on, one row per slot, or (no buffers kept) over the step's gathered copy
+    from row `slot` on."""
+
+    start: int
+    end: int
+    buffer: int
+    slot: int
+    width: int  # tokens of the group's longest sequence
+    # [end - start, 1, 1, width] additive: 0 where a cached token is attended, -inf not;
+    # made on the device when the step is uploaded
+    mask: torch.Tensor | None = None
+
+
+@dataclass
+class DecodeBufferPlan:
+    """The CPU decode buffers in one step as the host planned them (decode_buffers.py), so
+    every layer, on every rank, keeps the same ones. A buffer holds the keys (and one the
+    values) of up to `slots` sequences, [slots, capacity, kv_heads, head_dim]; a layer
+    allocates a buffer that is new, copies one whose capacity grew, and drops one not listed."""
+
+    buffers: dict[int, tuple[int, int]] = field(default_factory=dict)  # id -> (slots, capacity)
+    # (decode row, buffer, slot, tokens): copy the row's first `tokens` cached tokens into
+    # its slot: a sequence that joins the decode batch, or whose slot no longer matches
+    fills: list[tuple[int, int, int, int]] = field(default_factory=list)
+
+
+@dataclass
 class ForwardContext:
     """A step feeds prefill chunks first, then decodes (one token per sequence)."""
 
@@ -59,13 +88,12 @@ class ForwardContext:
     # decode: one token per sequence, attending over its blocks
     block_tables: torch.Tensor | None = None  # [num_seqs, max_blocks], padded with block 0
     context_lens: torch.Tensor | None = None  # [num_seqs], the fed token included
-    # rows (sorted longest first) that attend as one call: (start, end, additive mask of
-    # [end - start, 1, 1, tokens of the longest], 0 where a cached token is attended, -inf not)
-    decode_groups: list[tuple[int, int, torch.Tensor]] | None = None
-    # decode on CPU: attention keeps padded copies of the batch's keys/values this long per
-    # sequence, rebuilt from the cache when `refresh` is set, else extended by the new token
-    decode_buffer_len: int | None = None
-    refresh_decode_buffers: bool = True
+    # the decode rows in groups that attend as one call each
+    decode_groups: list[DecodeGroup] | None = None
+    # on the CPU: the decode buffers attention keeps, each sequence's keys and values copied
+    # from the cache once and extended by its new token each step; None: none kept, every
+    # step gathers the decodes' keys and values from the cache afresh
+    decode_plan: DecodeBufferPlan | None = None
     # (decode group, window) -> that group's mask for sliding-window layers, made on first use
     window_masks: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
     # set when attention runs on the Triton paged kernels
