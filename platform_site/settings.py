@@ -328,7 +328,8 @@ ENGINE_OPTIONS = {
     # the quality gate's scoring: at most this many tokens a step, never beside decodes alone
     "background_tokens_per_step": env.int("LORAPLEX_BACKGROUND_TOKENS_PER_STEP", default=None),
     "kv_cache_bytes": env.int("LORAPLEX_KV_CACHE_BYTES", default=None),
-    "max_loras": env.int("LORAPLEX_MAX_LORAS", default=8),
+    # unset: the memory pool decides the slot count (inference/engine/memory_pool.py)
+    "max_loras": env.int("LORAPLEX_MAX_LORAS", default=None),
     "max_cpu_loras": env.int("LORAPLEX_MAX_CPU_LORAS", default=32),
     "max_lora_rank": MAX_LORA_RANK,
     "max_saved_module_params": MAX_SAVED_MODULE_PARAMS,
