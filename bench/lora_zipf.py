@@ -2,6 +2,7 @@
 slots and a 32-entry host cache, against the same run with every request on 8 warm adapters.
 
     .venv/bin/python bench/lora_zipf.py [--model DIR] [--requests 400] [--max-tokens 8]
+    .venv/bin/python bench/lora_zipf.py --pool   # also: the memory pool at the same budget
 
 SmolLM2-135M by default, fp32 on CPU, greedy, eos ignored. Every adapter (rank 16, all seven
 projections) starts on disk. Requests arrive in a closed loop, --concurrency in flight (a
@@ -10,7 +11,10 @@ run maps adapter k to k mod 8, all 8 loaded and in their slots beforehand. Repor
 of both and their ratio, hit rate per tier (hits / lookups, a lookup counted at the tier where
 it was asked), loads and evictions, and TTFT (arrival to first token, wall clock) p50/p99 by
 where the adapter was when the request arrived: device (warm), host, or disk (cold, including
-requests that joined a load already running). The last line is one JSON object.
+requests that joined a load already running). With --pool the Zipf run is repeated with the
+slot count left to the memory pool (`max_loras` unset) and both Zipf runs get the same
+`kv_cache_bytes` (--kv-cache-mib, KV cache and slots together), so the pool's device hit rate
+and TTFT p99 compare with the fixed 8 slots' at one budget. The last line is one JSON object.
 """
 
 import json
@@ -66,9 +70,56 @@ def ttft(records, tier) -> dict:
             "p99_s": round(percentile(values, 99), 3)}  # fmt: skip
 
 
+def hit_rates(lora: dict) -> dict:
+    return {
+        tier: round(lora["hits"][tier] / lora["lookups"][tier], 3)
+        if lora["lookups"][tier]
+        else None
+        for tier in ("device", "host")
+    }
+
+
+def all_ttft(records) -> dict:
+    values = [r["first"] - r["arrival"] for r in records]
+    return {"p50_s": round(percentile(values, 50), 3), "p99_s": round(percentile(values, 99), 3)}
+
+
+def pool_run(config, loras, picks, prompts, params, concurrency) -> dict:
+    """The same Zipf run with the slot count left to the memory pool, at the same budget."""
+    engine = LLMEngine(**(config | {"max_loras": None}))
+    engine.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=2))
+    seconds, records = run(engine, [loras[k] for k in picks], prompts, params, concurrency)
+    stats = engine.stats()
+    engine.close()
+    tokens = sum(r["tokens"] for r in records)
+    return {
+        "slots_total": stats["lora"]["slots_total"],
+        "pool_pages": stats["pool"]["pages"] if stats.get("pool") else None,
+        "zipf_tok_s": round(tokens / seconds, 1),
+        "hit_rate": hit_rates(stats["lora"]),
+        "loads": stats["lora"]["loads"],
+        "evictions": stats["lora"]["evictions"],
+        "ttft": {tier: ttft(records, tier) for tier in ("device", "host", "disk")},
+        "ttft_all": all_ttft(records),
+    }
+
+
+def compare(figures: dict, concurrency: int) -> dict:
+    fixed, pool = figures, figures["pool"]
+    fixed_p99, pool_p99 = fixed["ttft_all"]["p99_s"], pool["ttft_all"]["p99_s"]
+    return {
+        "device_hit_rate_fixed": fixed["hit_rate"]["device"],
+        "device_hit_rate_pool": pool["hit_rate"]["device"],
+        "ttft_p99_ratio": round(pool_p99 / fixed_p99, 3) if fixed_p99 else None,
+        "tok_s_ratio": round(pool["zipf_tok_s"] / fixed["zipf_tok_s"], 3),
+    }
+
+
 def main():
     workload = {"adapters": 100, "requests": 400, "max_tokens": 8, "concurrency": 16, "zipf": 1.1}
-    args = bench_parser(__doc__, **workload, max_loras=8, max_cpu_loras=32, seed=0).parse_args()
+    args = bench_parser(
+        __doc__, **workload, max_loras=8, max_cpu_loras=32, seed=0, pool=False, kv_cache_mib=768
+    ).parse_args()
     base = model_dir(args.model)
     folders = make_adapters(base, args.adapters)
     loras = [LoRARequest(f"adapter-{i}", f"bench-{i}", str(f)) for i, f in enumerate(folders)]
@@ -78,6 +129,8 @@ def main():
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
     config = {"model": base, "device": "cpu", "dtype": "float32", "enable_lora": True,
               "max_loras": args.max_loras, "max_cpu_loras": args.max_cpu_loras}  # fmt: skip
+    if args.pool:
+        config["kv_cache_bytes"] = args.kv_cache_mib << 20
 
     engine = LLMEngine(**config)
     prompts = chat_prompts(engine.tokenizer, args.requests)
@@ -109,19 +162,18 @@ def main():
         "zipf_tok_s": round(tokens / zipf_s, 1),
         "warm8_tok_s": round(tokens / warm_s, 1),
         "zipf_vs_warm8": round(warm_s / zipf_s, 3),
-        "hit_rate": {
-            tier: round(lora["hits"][tier] / lora["lookups"][tier], 3)
-            if lora["lookups"][tier]
-            else None
-            for tier in ("device", "host")
-        },
+        "hit_rate": hit_rates(lora),
         "lookups": lora["lookups"],
         "hits": lora["hits"],
         "loads": lora["loads"],
         "evictions": lora["evictions"],
         "ttft": {tier: ttft(zipf_records, tier) for tier in ("device", "host", "disk")},
+        "ttft_all": all_ttft(zipf_records),
         "ttft_warm8_run": ttft(warm_records, "device"),
     }
+    if args.pool:
+        figures["pool"] = pool_run(config, loras, picks, prompts, params, args.concurrency)
+        figures["pool_vs_fixed"] = compare(figures, args.concurrency)
     print(f"zipf {figures['zipf_tok_s']} tok/s vs warm-8 {figures['warm8_tok_s']} tok/s "
           f"({figures['zipf_vs_warm8']}); hit rate {figures['hit_rate']}; loads "
           f"{figures['loads']}; TTFT {figures['ttft']}")  # fmt: skip

@@ -7,9 +7,10 @@ The capacity planner's figures (inference/engine/planning, `manage.py plan`), fr
 model's config shapes alone: the weights' bytes (quantized linears at their bits plus their
 scales; embeddings, lm_head and norms at 16 bits, as checkpoints leave them), the KV cache's
 bytes per token in bf16, `slots` rank-`rank` LoRA slots on all seven projections with their
-buffers and extras, and the KV tokens left when the engine sizes its cache: the share
-`utilization` of device memory less weights, slots, a step's activations, the decode graphs
-and the CUDA runtime. --total-gib defaults to the memory the H200 this project borrows is
+buffers and extras, and the KV tokens of the memory pool the engine sizes: the share
+`utilization` of device memory less weights, a step's activations, the decode graphs and the
+CUDA runtime, all KV cache while no adapter is in, less `slots` adapters' pages when all
+slots are full. --total-gib defaults to the memory the H200 this project borrows is
 described with.
 
 The last line is one JSON object with the figures.
@@ -64,9 +65,9 @@ def main() -> None:
     for f in fits:
         print(
             f"{f.quantization:6s} weights {f.weights_bytes_per_gpu / GIB:6.1f} GiB, "
-            f"{f.device_slots:3d} slots ({f.slots_bytes_per_gpu / GIB:4.1f} GiB): KV pool "
-            f"{(f.pool_bytes_per_gpu - f.slots_bytes_per_gpu) / GIB:6.1f} GiB = "
-            f"{f.kv_tokens:,} tokens of {f.kv_bytes_per_token_per_gpu // 1024} KiB"
+            f"pool {f.pool_bytes_per_gpu / GIB:6.1f} GiB: {f.kv_tokens:,} KV tokens of "
+            f"{f.kv_bytes_per_token_per_gpu // 1024} KiB, {f.kv_tokens_slots_full:,} beside "
+            f"{f.device_slots} full slots ({f.slots_bytes_per_gpu / GIB:4.1f} GiB)"
         )
     print(json.dumps({"model": "Llama-3-70B", "total_bytes": total,
                       "utilization": args.utilization,

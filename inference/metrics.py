@@ -152,6 +152,8 @@ class EngineCollector:
                 yield _histogram(name, doc, stats[key])
                 for vllm_name in vllm_names:
                     yield vllm.histogram(vllm_name, doc, stats[key])
+        if "pool" in stats:
+            yield from _pool_metrics(stats["pool"])
         lora = stats.get("lora")
         if lora:
             yield from _lora_metrics(lora)
@@ -227,12 +229,55 @@ def _lora_metrics(lora: dict):
         lora.get("slots_used", 0),
     )
     yield _gauge(
-        "loraplex_lora_slots_total", "Device adapter slots (max_loras).", lora.get("slots_total", 0)
+        "loraplex_lora_slots_total",
+        "Device adapter slots (max_loras, or what the pool holds).",
+        lora.get("slots_total", 0),
     )
     yield _gauge(
         "loraplex_lora_waiting_adapters",
         "Adapters that requests wait for.",
         lora.get("adapters_waiting", 0),
+    )
+
+
+def _pool_metrics(pool: dict):
+    """The memory pool shared by KV blocks and adapter slots (engine/memory_pool.py)."""
+    pages = GaugeMetricFamily(
+        "loraplex_pool_pages",
+        "Pages of the pool shared by KV blocks and adapter slots, by use (they add up to "
+        "loraplex_pool_pages_total).",
+        labels=["use"],
+    )
+    for use, count in pool.get("by_use", {}).items():
+        pages.add_metric([use], count)
+    yield pages
+    yield _gauge("loraplex_pool_pages_total", "Pages of the pool.", pool.get("pages", 0))
+    yield _gauge(
+        "loraplex_pool_pages_per_slot",
+        "Pages one adapter slot takes from the pool.",
+        pool.get("pages_per_slot", 0),
+    )
+    resizes = CounterMetricFamily(
+        "loraplex_pool_resizes",
+        "Pages passed between KV blocks and adapter slots, by direction.",
+        labels=["direction"],
+    )
+    for direction, count in pool.get("resizes", {}).items():
+        resizes.add_metric([direction], count)
+    yield resizes
+    evictions = CounterMetricFamily(
+        "loraplex_pool_evictions",
+        "Evictions to make room in the pool, by reason: an idle adapter for KV blocks or for "
+        "another adapter, a cached prefix block for an adapter.",
+        labels=["reason"],
+    )
+    for reason, count in pool.get("evictions", {}).items():
+        evictions.add_metric([reason], count)
+    yield evictions
+    yield _counter(
+        "loraplex_pool_blocks_moved",
+        "KV blocks of running requests moved out of a slot group for an adapter.",
+        pool.get("blocks_moved", 0),
     )
 
 

@@ -330,7 +330,8 @@ ENGINE_OPTIONS = {
     "kv_cache_bytes": env.int("LORAPLEX_KV_CACHE_BYTES", default=None),
     # on cuda without kv_cache_bytes: the share of device memory the engine sizes within
     "gpu_memory_utilization": env.float("LORAPLEX_GPU_MEMORY_UTILIZATION", default=0.9),
-    "max_loras": env.int("LORAPLEX_MAX_LORAS", default=8),
+    # unset: the memory pool decides the slot count (inference/engine/memory_pool.py)
+    "max_loras": env.int("LORAPLEX_MAX_LORAS", default=None),
     "max_cpu_loras": env.int("LORAPLEX_MAX_CPU_LORAS", default=32),
     "max_lora_rank": MAX_LORA_RANK,
     "max_saved_module_params": MAX_SAVED_MODULE_PARAMS,

@@ -72,7 +72,7 @@ def _request(info: dict[str, str], config: dict, base: BaseModel) -> PlanRequest
             gpu_memory_utilization=float(info["gpu_memory_utilization"]),
             block_size=int(info["block_size"]),
             dtype=info["dtype"],
-            max_loras=int(info["max_loras"]),
+            max_loras=int(info["max_loras"]) if info["max_loras"] != "" else None,
             max_cpu_loras=int(info["max_cpu_loras"]),
             max_model_len=max_model_len,
             max_num_batched_tokens=int(info["max_num_batched_tokens"]),

@@ -261,6 +261,8 @@ class EngineState:
     errors: list[str] = field(default_factory=list)
     # the device and settings it was sized with (loraplex_engine_info's labels)
     info: dict[str, str] = field(default_factory=dict)
+    # the memory pool: pages by use, resizes by direction, evictions by reason
+    pool: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @property
     def prefix_cache(self) -> dict[str, float | None]:
@@ -292,6 +294,26 @@ def parse_engine_info(text: str) -> dict[str, str]:
             if sample.name == "loraplex_engine_info":
                 return dict(sample.labels)
     return {}
+
+
+# labelled pool samples -> (the EngineState.pool key, the label that names the row)
+POOL_SAMPLES = {
+    "loraplex_pool_pages": ("pages", "use"),
+    "loraplex_pool_resizes_total": ("resizes", "direction"),
+    "loraplex_pool_evictions_total": ("evictions", "reason"),
+}
+
+
+def parse_pool(text: str) -> dict[str, dict[str, float]]:
+    """The memory pool's labelled samples: pages by use (running KV, cached prefixes,
+    adapters in use, idle adapters, free), resizes by direction, evictions by reason."""
+    pool: dict[str, dict[str, float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in POOL_SAMPLES:
+                key, label = POOL_SAMPLES[sample.name]
+                pool.setdefault(key, {})[sample.labels.get(label, "?")] = sample.value
+    return pool
 
 
 def parse_metrics(text: str) -> tuple[dict[str, float], dict[str, dict]]:
@@ -329,6 +351,7 @@ def engine_state(engine: str) -> EngineState:
         text = _call(engine, "GET", protocol.METRICS_PATH).decode(errors="replace")
         state.metrics, state.hit_rates = parse_metrics(text)
         state.info = parse_engine_info(text)
+        state.pool = parse_pool(text)
     except EngineCallFailed as exc:
         state.errors.append(f"metrics: {exc.message}")
     except ValueError as exc:

@@ -2,9 +2,9 @@
 
 The front door: import what a caller needs from here (`from inference.engine import
 LLMEngine, EngineRequest`). The core loop lives in this folder (config, llm_engine,
-async_engine, scheduler, block_manager, kv_cache, sequence, sampler, outputs); `model/`
-holds the Llama layers, `lora/` the adapters (device slots, host cache, loader, PEFT rules)
-and `formats/` the offline tools (GGUF conversion, safetensors headers). Nothing here
+async_engine, scheduler, block_manager, kv_cache, memory_pool, sequence, sampler, outputs);
+`model/` holds the Llama layers, `lora/` the adapters (device slots, host cache, loader, PEFT
+rules) and `formats/` the offline tools (GGUF conversion, safetensors headers). Nothing here
 imports Django.
 
 Names load on first use, so `import inference.engine.lora.peft_rules` (the registry's

@@ -13,13 +13,22 @@ already read it: every layer stores the step's keys and values before any token 
 Blocks are reference-counted; one nobody holds keeps its name and contents in an LRU pool
 and is reused for a new request with the same prefix, or taken for other tokens, least
 recently used first, when no plain free block is left.
+
+The memory pool (memory_pool.py): blocks are the pool's pages, and the pages of an adapter
+slot's group are lent to the LoRA slots while an adapter sits there (`lend`, `give_back`).
+Plain free pages are handed out outside every group first. When no plain or cached block
+is left, the `lender` (the LoRA manager) gives back the pages of an idle adapter; the
+capacity checks count those pages as available.
 """
 
 import hashlib
 from array import array
-from collections import OrderedDict, deque
+from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
+from .memory_pool import FreePages, PoolLayout
 from .model.rotary import uses_long_factors
 from .sequence import Sequence
 
@@ -34,6 +43,18 @@ class BlockManagerStats:
 
     queries: int = 0  # tokens of admitted prompts looked up
     hits: int = 0  # of those, tokens whose keys and values were found in the cache
+
+
+class PageLender(Protocol):
+    """Who holds pages the KV side may ask back: the LoRA manager's idle adapters."""
+
+    def reclaimable_pages(self) -> int:
+        """Pages idle adapters would give back if asked."""
+        ...
+
+    def reclaim_pages(self) -> bool:
+        """Evict one idle adapter, giving its pages back (`give_back`); False if none."""
+        ...
 
 
 class Block:
@@ -71,7 +92,10 @@ class BlockManager:
         enable_prefix_caching: bool = True,
         sliding_window: int | None = None,
         longrope_original: int | None = None,
+        layout: PoolLayout | None = None,
     ):
+        self.layout = layout if layout is not None else PoolLayout(num_blocks, 0, 0)
+        assert self.layout.num_pages == num_blocks
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
@@ -81,18 +105,39 @@ class BlockManager:
         # LongRoPE: a sequence longer than this rotates with the long factors (long_rope)
         self.longrope_original = longrope_original
         self.blocks = [Block() for _ in range(num_blocks)]
-        self.free_blocks: deque[int] = deque(range(num_blocks))  # hold nothing worth keeping
+        self.free_blocks = FreePages(self.layout)  # hold nothing worth keeping
         self.cached_free: OrderedDict[int, None] = OrderedDict()  # named, unheld; LRU first
         self.by_hash: dict[bytes, int] = {}
         self.stats = BlockManagerStats()
+        self.lent: dict[int, range] = {}  # slot -> its group's pages, lent to its adapter
+        self.lender: PageLender | None = None
+        self.holders: dict[int, Sequence] = {}  # id -> sequences holding blocks
+        self.pages_moved = 0  # blocks moved out of a slot group for an adapter
 
     @property
     def num_free_blocks(self) -> int:
+        """Blocks the KV side has without asking an adapter for its pages."""
         return len(self.free_blocks) + len(self.cached_free)
 
     @property
+    def num_available_blocks(self) -> int:
+        """Free blocks and the pages idle adapters would give back."""
+        reclaimable = self.lender.reclaimable_pages() if self.lender is not None else 0
+        return self.num_free_blocks + reclaimable
+
+    @property
+    def num_lent_pages(self) -> int:
+        return sum(len(pages) for pages in self.lent.values())
+
+    def max_seq_blocks(self, with_adapter: bool = False) -> int:
+        """The most blocks one sequence can ever hold: the whole pool, less its adapter's
+        slot group when it has one."""
+        return self.num_blocks - (self.layout.pages_per_slot if with_adapter else 0)
+
+    @property
     def num_used_blocks(self) -> int:
-        return self.num_blocks - self.num_free_blocks
+        """Blocks held by requests."""
+        return self.num_blocks - self.num_free_blocks - self.num_lent_pages
 
     @property
     def num_cached_blocks(self) -> int:
@@ -121,7 +166,7 @@ class BlockManager:
         """Whether the sequence can have blocks for all its tokens, reusing `cached`."""
         need = self.blocks_needed(len(seq)) - len(cached)
         unheld_hits = sum(1 for b in cached if self.blocks[b].ref_count == 0)
-        return need + unheld_hits <= self.num_free_blocks
+        return need + unheld_hits <= self.num_available_blocks
 
     def allocate(self, seq: Sequence, cached: list[int]) -> None:
         """Give a waiting sequence blocks for every token it has: the cached prefix's blocks
@@ -132,6 +177,7 @@ class BlockManager:
             self._hold(block_id)
         fresh = [self._take() for _ in range(self.blocks_needed(len(seq)) - len(cached))]
         seq.block_table = cached + fresh
+        self.holders[id(seq)] = seq
         seq.cached_long_rope = self.long_rope(seq)
         seq.num_computed_tokens = seq.num_cached_tokens = len(cached) * self.block_size
         self.stats.queries += len(seq)
@@ -141,7 +187,7 @@ class BlockManager:
 
     def can_append(self, seq: Sequence) -> bool:
         """Whether the sequence's newest token (fed in the next decode step) has a slot."""
-        return self.blocks_needed(len(seq)) <= len(seq.block_table) or self.num_free_blocks > 0
+        return self.blocks_needed(len(seq)) <= len(seq.block_table) or self.num_available_blocks > 0
 
     def append_slot(self, seq: Sequence) -> None:
         if self.blocks_needed(len(seq)) > len(seq.block_table):
@@ -194,6 +240,7 @@ class BlockManager:
             if block_id != RELEASED:
                 self._release(block_id)
         seq.block_table = []
+        self.holders.pop(id(seq), None)
         seq.num_computed_tokens = seq.num_committed_blocks = seq.num_released_blocks = 0
         seq.cached_long_rope = None
 
@@ -243,14 +290,75 @@ class BlockManager:
         block.ref_count += 1
 
     def _take(self) -> int:
-        """A block for new tokens: a plain free one, else the least recently used cached one."""
-        if self.free_blocks:
-            block_id = self.free_blocks.popleft()
-        else:
-            block_id, _ = self.cached_free.popitem(last=False)
-            self._unname(block_id)
+        """A block for new tokens: a plain free one, else the least recently used cached one,
+        else a page an idle adapter gives back."""
+        while not self.num_free_blocks:
+            reclaimed = self.lender is not None and self.lender.reclaim_pages()
+            assert reclaimed, "no block to take: the capacity check counted what is not there"
+        block_id = self._take_unheld()
         self.blocks[block_id].ref_count = 1
         return block_id
+
+    def _take_unheld(self) -> int:
+        if self.free_blocks:
+            return self.free_blocks.take()
+        block_id, _ = self.cached_free.popitem(last=False)
+        self._unname(block_id)
+        return block_id
+
+    # -- pages lent to adapter slots --------------------------------------------------------
+
+    def held_in(self, pages: Iterable[int]) -> int:
+        """How many of the pages hold blocks that requests hold."""
+        return sum(1 for p in pages if self.blocks[p].ref_count > 0)
+
+    def cached_in(self, pages: Iterable[int]) -> int:
+        """How many of the pages hold cached prefixes that nobody holds."""
+        return sum(1 for p in pages if p in self.cached_free)
+
+    def can_lend(self, pages: range) -> bool:
+        """Whether the group's held blocks fit in free or cached pages outside it."""
+        outside = len(self.free_blocks) + len(self.cached_free)
+        outside -= sum(1 for p in pages if p in self.free_blocks or p in self.cached_free)
+        return self.held_in(pages) <= outside
+
+    def lend(self, slot: int, pages: range) -> list[tuple[int, int]]:
+        """Hand a slot group's pages to its adapter: free ones at no cost, cached prefixes
+        nobody holds forgotten, held blocks moved to pages outside the group (their
+        sequences' tables and the prefix map follow). The (src, dst) page copies to make,
+        in order, before the adapter's weights overwrite the group."""
+        assert slot not in self.lent and self.can_lend(pages)
+        for page in pages:
+            if page in self.free_blocks:
+                self.free_blocks.remove(page)
+            elif page in self.cached_free:
+                del self.cached_free[page]
+                self._unname(page)
+        moved: dict[int, int] = {}
+        for page in pages:
+            if self.blocks[page].ref_count > 0:
+                moved[page] = self._move(page)
+        if moved:
+            for seq in self.holders.values():
+                seq.block_table = [moved.get(b, b) for b in seq.block_table]
+            self.pages_moved += len(moved)
+        self.lent[slot] = pages
+        return list(moved.items())
+
+    def _move(self, page: int) -> int:
+        """A held block's bookkeeping to an unheld page outside every lent group."""
+        dst = self._take_unheld()
+        old, new = self.blocks[page], self.blocks[dst]
+        new.ref_count, new.hash, new.adapter_id = old.ref_count, old.hash, old.adapter_id
+        if old.hash is not None and self.by_hash.get(old.hash) == page:
+            self.by_hash[old.hash] = dst
+        old.ref_count, old.hash, old.adapter_id = 0, None, None
+        return dst
+
+    def give_back(self, slot: int) -> None:
+        """An adapter left its slot: the group's pages are plain free blocks again."""
+        for page in self.lent.pop(slot):
+            self.free_blocks.append(page)
 
     def _unname(self, block_id: int) -> None:
         block = self.blocks[block_id]

@@ -9,6 +9,7 @@ from inference.kernels.backend import attention_backend
 
 from .errors import ConfigError
 from .lora.peft_rules import DEFAULT_MAX_SAVED_MODULE_PARAMS
+from .memory_pool import DEFAULT_MAX_POOL_SLOTS
 from .model_config import ModelConfig
 from .parallel.group import timeout_seconds
 from .parallel.plan import check_shardable
@@ -25,8 +26,11 @@ def kv_bytes_per_token(mc: ModelConfig, itemsize: int) -> int:
     return 2 * mc.num_layers * mc.num_kv_heads * mc.head_dim * itemsize
 
 
-def default_max_cpu_loras(max_loras: int) -> int:
-    """Host memory caches a few times what the device slots hold, and never too few."""
+def default_max_cpu_loras(max_loras: int | None) -> int:
+    """Host memory caches a few times what the device slots hold, and never too few; with
+    the slot count left to the pool, as many as the pool may make slots."""
+    if max_loras is None or isinstance(max_loras, bool) or not isinstance(max_loras, int):
+        return DEFAULT_MAX_POOL_SLOTS
     return max(4 * max_loras, 16)
 
 
@@ -62,17 +66,21 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     # prefill a long prompt over several steps, alongside the running decodes
     enable_chunked_prefill: bool = True
-    # KV cache + LoRA slots. Unset: on cpu the slots plus 512 MiB of cache (at least one
-    # max_model_len sequence), on cuda a share of device memory (kv_cache.py)
+    # the pool of KV pages and LoRA slots, plus the LoRA scratch and extras. Unset: on cpu
+    # 512 MiB of cache (at least one max_model_len sequence) plus max_loras' slots (4 when
+    # unset), on cuda a share of device memory (kv_cache.py)
     kv_cache_bytes: int | None = None
     gpu_memory_utilization: float = 0.9  # on cuda without kv_cache_bytes: share of device memory
     seed: int = 0  # seeds requests that give no seed of their own
     # "auto": Triton paged attention on CUDA, the torch reference on CPU; "torch", "triton"
     attention_backend: str = "auto"
-    # LoRA: device slots (adapters in one batch), host cache entries, largest rank served
+    # LoRA: device slots (adapters in one batch), host cache entries, largest rank served.
+    # The slots' pages are part of the KV cache's pool (memory_pool.py); max_loras bounds
+    # their count, None lets the pool decide (as many as it holds, at most 32 and
+    # max_cpu_loras)
     enable_lora: bool = False
-    max_loras: int = 4
-    max_cpu_loras: int | None = None  # default: max(4 * max_loras, 16)
+    max_loras: int | None = None
+    max_cpu_loras: int | None = None  # default: max(4 * max_loras, 16), 32 without max_loras
     max_lora_rank: int = 16
     # an adapter's whole embed_tokens / lm_head copy (modules_to_save) is served up to this
     max_saved_module_params: int = DEFAULT_MAX_SAVED_MODULE_PARAMS
@@ -198,9 +206,11 @@ class EngineConfig:
             )
         for name in ("max_loras", "max_cpu_loras", "max_lora_rank", "max_saved_module_params"):
             value = getattr(self, name)
+            if name == "max_loras" and value is None:
+                continue  # the pool decides
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
-        if self.max_cpu_loras < self.max_loras:
+        if self.max_loras is not None and self.max_cpu_loras < self.max_loras:
             raise ConfigError(
                 f"max_cpu_loras {self.max_cpu_loras} must be at least max_loras {self.max_loras}: "
                 f"host memory caches at least the adapters the device slots can hold"

@@ -85,7 +85,9 @@ def engine_shapes(config: EngineConfig) -> "EngineShapes":
         block_size=config.block_size,
         graph_sizes=tuple(capture_sizes(config.max_cudagraph_capture_size)) if graphs else (),
         lora_rank=config.max_lora_rank if lora else 0,
-        max_loras=config.max_loras,
+        # the slot count reaches no kernel's specialisation (the slot stride travels in the
+        # kernels' pointer tables), so the pool's choice of it compiles nothing new
+        max_loras=config.max_loras or EngineShapes.max_loras,
         deterministic=config.deterministic_kernels,
         quant_schemes=(scheme.name,) if quantized and scheme is not None else (),
         quant_scale_dtype=checkpoint_dtype(config.model) if quantized else None,

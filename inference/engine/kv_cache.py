@@ -1,7 +1,9 @@
 """Sizing and allocating the paged KV cache, once, at start-up.
 
-The number of blocks is fixed here from a byte budget, so admission and preemption later
-only count free blocks and never meet an out-of-memory error mid-step.
+The number of pages is fixed here from a byte budget, so admission and preemption later
+only count free blocks and never meet an out-of-memory error mid-step. The cache is
+block-major: page p holds block p of every layer, keys and values, contiguous, so the LoRA
+slots can lend and borrow whole pages of it (memory_pool.py) and moving a block is one copy.
 """
 
 import torch
@@ -13,24 +15,29 @@ CPU_DEFAULT_KV_BYTES = 512 << 20
 
 
 def kv_cache_budget(
-    config: EngineConfig, device: torch.device, lora_bytes: int = 0, graph_bytes: int = 0
+    config: EngineConfig,
+    device: torch.device,
+    lora_bytes: int = 0,
+    graph_bytes: int = 0,
+    slot_bytes: int = 0,
 ) -> int:
-    """Bytes for the KV cache. With `kv_cache_bytes` set, that budget less what the LoRA
-    slots take (the setting covers both; the decode graphs come on top). Unset on CPU, the
-    slots get what they need and the cache `default_kv_bytes` on top, so the defaults start
-    whatever the slots cost. Unset on CUDA, the share `gpu_memory_utilization` of device
-    memory minus what weights, LoRA slots (already allocated), a warm-up step and the
+    """Bytes of the pool (KV pages and the adapter slots' pages). With `kv_cache_bytes`
+    set, that budget less what LoRA keeps outside the pool (`lora_bytes`: scales, scratch,
+    the extras arena; the decode graphs come on top). Unset on CPU, `default_kv_bytes` of
+    cache plus `slot_bytes` (the pages of max_loras slots, or CPU_DEFAULT_SLOTS'), so the
+    defaults start whatever the slots cost. Unset on CUDA, the share `gpu_memory_utilization` of
+    device memory minus what weights, LoRA (already allocated), a warm-up step and the
     decode graphs captured after the cache (`graph_bytes`, estimated) use."""
     if config.kv_cache_bytes is None and device.type != "cuda":
-        return default_kv_bytes(config)
+        return default_kv_bytes(config) + slot_bytes
     if config.kv_cache_bytes is not None:
         total = config.kv_cache_bytes
         budget = total - lora_bytes
         if budget < config.kv_block_bytes:
             raise ConfigError(
-                f"the memory budget of {total} bytes (kv_cache_bytes) holds the "
-                f"{config.max_loras} LoRA slots ({lora_bytes} bytes) but no KV block of "
-                f"{config.kv_block_bytes} bytes; raise kv_cache_bytes (or leave it unset to "
+                f"the memory budget of {total} bytes (kv_cache_bytes) holds the scales, "
+                f"scratch and extras of the LoRA slots ({lora_bytes} bytes) but no KV block "
+                f"of {config.kv_block_bytes} bytes; raise kv_cache_bytes (or leave it unset to "
                 f"size it from the model) or lower max_loras / max_lora_rank"
             )
         return budget
@@ -67,18 +74,19 @@ def memory_pool_bytes(
 
 
 def allocate_kv_cache(
-    model: torch.nn.Module, config: EngineConfig, num_blocks: int, device: torch.device
+    model: torch.nn.Module, config: EngineConfig, num_pages: int, device: torch.device
 ) -> torch.Tensor:
-    """One key and one value tensor per layer, each [num_blocks, block_size, kv_heads, head_dim],
-    carved from a single allocation and handed to the layers' Attention modules."""
+    """The pool, [num_pages, 2, layers, block_size, kv_heads, head_dim]: page p is block p of
+    every layer. Each layer's Attention gets its keys and values as views of shape
+    [num_pages, block_size, kv_heads, head_dim], strided over the pages."""
     from .model.attention import Attention
 
     mc = config.model_config
     layers = [m for m in model.modules() if isinstance(m, Attention)]
     cache = torch.zeros(
+        num_pages,
         2,
         len(layers),
-        num_blocks,
         config.block_size,
         mc.num_kv_heads,
         mc.head_dim,
@@ -86,8 +94,16 @@ def allocate_kv_cache(
         device=device,
     )
     for i, layer in enumerate(layers):
-        layer.k_cache, layer.v_cache = cache[0, i], cache[1, i]
+        layer.k_cache, layer.v_cache = cache[:, 0, i], cache[:, 1, i]
     return cache
+
+
+def slot_rows(pool: torch.Tensor, num_slots: int, pages_per_slot: int, numel: int) -> torch.Tensor:
+    """The adapter slots' weights as a view of the pool's bottom pages: [num_slots, numel],
+    slot s starting at page s * pages_per_slot (memory_pool.py)."""
+    page_numel = pool[0].numel()
+    flat = pool.view(-1)[: num_slots * pages_per_slot * page_numel]
+    return flat.view(num_slots, pages_per_slot * page_numel)[:, :numel]
 
 
 def default_kv_bytes(config: EngineConfig) -> int:

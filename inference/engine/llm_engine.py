@@ -67,11 +67,16 @@ class LLMEngine:
             enable_prefix_caching=self.config.enable_prefix_caching,
             sliding_window=mc.uniform_window,
             longrope_original=mc.longrope_original,
+            layout=self.model_runner.pool,
         )
         self.metrics = EngineMetrics()
         self.lora_manager = make_lora_manager(
             self.config, self.model_runner.lora_slots, lora_loader, self.metrics
         )
+        if self.lora_manager is not None:  # the slots live in the block manager's pool
+            self.lora_manager.attach_pool(
+                self.block_manager, self.model_runner.pool, self.model_runner.copy_pages
+            )
         if self.lora_manager is not None and self.model_runner.workers is not None:
             self.lora_manager.loader.ranks = self.model_runner.workers.loads  # every rank loads
         self.loras = LoRAControls(self.lora_manager, self.block_manager)
@@ -84,9 +89,13 @@ class LLMEngine:
         )
         self._awaiting_grammar: list[Sequence] = []  # added, their grammar still compiling
         self._wakeup: Callable[[], None] | None = None  # on_load_finished's callback
-        # A sequence can only grow as long as the whole cache, even alone.
+        # A sequence can only grow as long as the whole cache, even alone (beside its
+        # adapter's slot group when it has one: max_seq_blocks).
         self.max_seq_len = min(
-            self.max_model_len, self.block_manager.num_blocks * self.config.block_size
+            self.max_model_len, self.block_manager.max_seq_blocks() * self.config.block_size
+        )
+        self.max_adapter_seq_len = min(
+            self.max_model_len, self.block_manager.max_seq_blocks(True) * self.config.block_size
         )
         self.intake = RequestIntake(
             self.tokenizer,
@@ -189,7 +198,7 @@ class LLMEngine:
                 token_id,
                 logprob,
                 eos_token_ids=self.eos_token_ids,
-                max_len=self.max_seq_len,
+                max_len=self.max_seq_len if seq.lora_request is None else self.max_adapter_seq_len,
                 complete=complete,
             )
             self.metrics.observe_token(seq, now)
@@ -257,11 +266,35 @@ class LLMEngine:
             # decode buffers, and moved within them as they grew
             "decode_kv_copied_tokens": self.model_runner.kv_copies.total_copied,
             "decode_kv_moved_tokens": self.model_runner.kv_copies.total_moved,
+            "pool": self.pool_stats(),
             **self.metrics.snapshot(),
         }
         if self.lora_manager is not None:
             stats["lora"] = self.lora_manager.stats()
         return stats
+
+    def pool_stats(self) -> dict[str, Any]:
+        """The pool's pages by use (they add up to `pages`) and its resize and eviction
+        counts (memory_pool.py)."""
+        bm = self.block_manager
+        adapters = (
+            self.lora_manager.pool_pages()
+            if self.lora_manager is not None
+            else {"adapters_in_use": 0, "adapters_idle": 0}
+        )
+        free, cached = len(bm.free_blocks), len(bm.cached_free)
+        lent = adapters["adapters_in_use"] + adapters["adapters_idle"]
+        return {
+            "pages": bm.num_blocks,
+            "pages_per_slot": bm.layout.pages_per_slot,
+            "by_use": {
+                "running_kv": bm.num_blocks - free - cached - lent,
+                "cached_prefixes": cached,
+                **adapters,
+                "free": free,
+            },
+            **self.metrics.pool_counters(),
+        }
 
     # -- LoRA adapters ------------------------------------------------------------------------
 

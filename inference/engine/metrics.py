@@ -15,6 +15,8 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0
 # A swap-in is a host-to-device copy: about a millisecond for an 8B model's rank-16 adapter.
 SWAP_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 LORA_TIERS = ("device", "host", "disk")
+POOL_RESIZES = ("kv_to_adapter", "adapter_to_kv")
+POOL_EVICTIONS = ("adapter_for_kv", "adapter_for_adapter", "prefix_for_adapter")
 
 
 class Histogram:
@@ -60,6 +62,12 @@ class EngineMetrics:
     lora_evictions: dict[str, int] = field(default_factory=lambda: {"device": 0, "host": 0})
     lora_swap_in: Histogram = field(default_factory=lambda: Histogram(SWAP_BUCKETS))
     lora_load: Histogram = field(default_factory=Histogram)  # disk (or loader) to host memory
+    # The memory pool (memory_pool.py): pages passed between the KV side and adapter slots,
+    # what was evicted to make room (an adapter for KV blocks or for another adapter, a
+    # cached prefix for an adapter), and held blocks moved out of a slot group.
+    pool_resizes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(POOL_RESIZES, 0))
+    pool_evictions: dict[str, int] = field(default_factory=lambda: dict.fromkeys(POOL_EVICTIONS, 0))
+    pool_blocks_moved: int = 0
 
     def observe_token(self, seq: Sequence, now: float) -> None:
         """A generated token: counted, its latency observed and stamped on its sequence."""
@@ -97,4 +105,11 @@ class EngineMetrics:
             "loads": self.lora_loads,
             "load_failures": self.lora_load_failures,
             "evictions": dict(self.lora_evictions),
+        }
+
+    def pool_counters(self) -> dict[str, Any]:
+        return {
+            "resizes": dict(self.pool_resizes),
+            "evictions": dict(self.pool_evictions),
+            "blocks_moved": self.pool_blocks_moved,
         }

@@ -12,8 +12,9 @@ from .config import EngineConfig
 from .cuda_graphs import Capture, CudaGraphCapture, DecodeGraphs, graph_pool_estimate
 from .errors import ConfigError
 from .kernel_warmup import compile_kernels
-from .kv_cache import allocate_kv_cache, kv_cache_budget
+from .kv_cache import allocate_kv_cache, kv_cache_budget, slot_rows
 from .lora.slots import LoRASlots
+from .memory_pool import CPU_DEFAULT_SLOTS, PoolLayout, pages_per_slot, plan_slots
 from .model.attention import Attention
 from .model.context import ForwardContext, LoRAStep, SlotRows, forward_context
 from .model.decoder import CausalLM
@@ -70,6 +71,7 @@ class ModelRunner:
         self.rank = rank
         plan: ShardPlan | None = None
         self.workers: Workers | None = None
+        self.page_moves: list[tuple[int, int]] = []  # rank 0: for the other ranks to repeat
         if config.tensor_parallel_size > 1:
             plan = ShardPlan(rank, config.tensor_parallel_size, config.model_config)
             if rank == 0:
@@ -84,7 +86,8 @@ class ModelRunner:
         """The model (this rank's shard under a plan), its weights, the LoRA slots, the KV
         cache and, on CUDA, the decode graphs."""
         self._load_model(plan)
-        # LoRA slots come before the KV cache: allocated once, their bytes leave the KV budget.
+        # LoRA slots come before the KV cache: their scratch and arena leave the KV budget;
+        # their rows are bound to the pool's pages once it exists.
         self.lora_slots = self._make_lora_slots()
         # every kernel variant compiles before the first step (and before /readyz answers)
         self.kernel_warmup = compile_kernels(self.config, self.device)
@@ -143,7 +146,8 @@ class ModelRunner:
             "max_model_len": self.max_model_len,
             "max_num_seqs": c.max_num_seqs,
             "max_num_batched_tokens": self.max_num_batched_tokens,
-            "max_loras": c.max_loras if c.enable_lora else 0,
+            # "": LoRA on, the slot count left to the pool; 0: LoRA off
+            "max_loras": ("" if c.max_loras is None else c.max_loras) if c.enable_lora else 0,
             "max_cpu_loras": c.max_cpu_loras or 0,
             "max_lora_rank": c.max_lora_rank,
             "kv_cache_bytes": c.kv_cache_bytes or 0,  # 0: unset, sized from memory
@@ -169,12 +173,19 @@ class ModelRunner:
         return slots
 
     def _allocate_kv_cache(self, plan: ShardPlan | None, graphs_allowed: bool) -> None:
-        """The KV cache in what memory is left, and the inputs builder that addresses it."""
+        """The pool of KV pages in what memory is left, the LoRA slots bound to its bottom
+        pages (memory_pool.py), and the inputs builder that addresses it."""
         kv_config = self.config  # the cache's shape and budget are per rank: its KV heads
         if plan is not None:
             kv_config = copy.copy(self.config)
             kv_config.model_config = plan.local_config()
-        lora_bytes = self.lora_slots.nbytes if self.lora_slots is not None else 0
+        page_bytes = kv_config.kv_block_bytes
+        slots = self.lora_slots
+        self.lora_bytes = slots.reserved_nbytes if slots is not None else 0
+        k = pages_per_slot(slots.row_nbytes, page_bytes) if slots is not None else 0
+        if plan is not None and slots is not None:  # the groups lie alike on every rank
+            k = -min_over_ranks(-k, self.device)
+        asked = self.config.max_loras if slots is not None else None
         assert self.config.max_cudagraph_capture_size is not None  # resolved by EngineConfig
         self.graph_estimate = graph_pool_estimate(
             self.config.model_config,
@@ -185,8 +196,14 @@ class ModelRunner:
         # the graphs are captured after the cache: on CUDA, where the runner captures them,
         # the budget keeps room for their pool
         reserve = self.graph_estimate.total if graphs_allowed and self.device.type == "cuda" else 0
-        budget = kv_cache_budget(kv_config, self.device, lora_bytes, graph_bytes=reserve)
-        blocks = budget // kv_config.kv_block_bytes
+        budget = kv_cache_budget(
+            kv_config,
+            self.device,
+            self.lora_bytes,
+            graph_bytes=reserve,
+            slot_bytes=(asked or CPU_DEFAULT_SLOTS) * k * page_bytes,
+        )
+        blocks = budget // page_bytes
         if plan is not None:  # every rank holds the same blocks: the fewest any can
             blocks = min_over_ranks(blocks, self.device)
         # Decode graphs pad their batches; the padding rows write into one block of their
@@ -198,9 +215,35 @@ class ModelRunner:
                 "raise kv_cache_bytes or set enforce_eager"
             )
         self.kv_cache = allocate_kv_cache(self.model, kv_config, blocks, self.device)
-        self.input_builder = InputBuilder(
-            self.config, self.device, kv_config.kv_block_bytes, self.num_blocks
-        )
+        self.pool = PoolLayout(self.num_blocks, 0, k)
+        if slots is not None:
+            assert self.config.max_cpu_loras is not None  # resolved by EngineConfig
+            note = f"the memory budget of {budget} bytes"
+            num_slots = plan_slots(self.num_blocks, k, asked, self.config.max_cpu_loras, note)
+            self.pool = PoolLayout(self.num_blocks, num_slots, k)
+            if self.kv_cache.dtype != slots.dtype:
+                raise ConfigError(
+                    f"the LoRA slots ({slots.dtype}) and the KV cache ({self.kv_cache.dtype}) "
+                    f"must share the compute dtype to share one pool"
+                )
+            slots.bind(slot_rows(self.kv_cache, num_slots, k, slots.slot_numel))
+            logger.info(
+                "memory pool: %d pages of %.1f KiB; %d LoRA slots of %d pages each at its bottom",
+                self.num_blocks,
+                page_bytes / 1024,
+                num_slots,
+                k,
+            )
+        self.input_builder = InputBuilder(self.config, self.device, page_bytes, self.num_blocks)
+
+    def copy_pages(self, moves: list[tuple[int, int]]) -> None:
+        """Move KV blocks between pages (src, dst), in order: one contiguous copy a page, as
+        the pool is block-major. Under tensor parallelism every rank repeats them first in
+        the next step."""
+        for src, dst in moves:
+            self.kv_cache[dst].copy_(self.kv_cache[src])
+        if self.workers is not None:
+            self.page_moves.extend(moves)
 
     @torch.inference_mode()
     def enable_graphs(self, capture: Capture) -> None:
@@ -304,7 +347,8 @@ class ModelRunner:
         uploads its own), then the forward they run together. A lost rank fails the step
         with RankFailedError."""
         assert self.workers is not None
-        self.workers.send(StepInputs(inputs, self._slot_writes()))
+        moves, self.page_moves = self.page_moves, []
+        self.workers.send(StepInputs(inputs, self._slot_writes(), page_moves=moves))
         try:
             return self._forward(inputs)
         except RuntimeError as e:  # a collective failed: a rank died or timed out
@@ -321,6 +365,11 @@ class ModelRunner:
     def follow(self, inputs: StepInputs) -> None:
         """Ranks 1..N-1: run rank 0's step on this rank's shard (the logits are rank 0's)."""
         self._forward(inputs.forward)
+
+    def move_pages(self, moves: list[tuple[int, int]]) -> None:
+        """Ranks 1..N-1: repeat rank 0's block moves, before its slot writes."""
+        for src, dst in moves:
+            self.kv_cache[dst].copy_(self.kv_cache[src])
 
     def check_ranks(self) -> None:
         """Raise RankFailedError once a rank of a tensor-parallel engine is lost."""

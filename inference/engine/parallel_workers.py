@@ -68,6 +68,9 @@ class StepInputs:
     forward: ForwardInputs
     writes: list[SlotWrite]
     released: dict[int, list[str]] = field(default_factory=dict)
+    # KV blocks rank 0 moved out of a slot group since the last step (src page, dst page),
+    # repeated before the slot writes that overwrite their old pages
+    page_moves: list[tuple[int, int]] = field(default_factory=list)
 
 
 class Follower(Protocol):
@@ -77,6 +80,8 @@ class Follower(Protocol):
     def lora_slots(self) -> LoRASlots | None: ...
 
     def follow(self, inputs: StepInputs) -> None: ...
+
+    def move_pages(self, moves: list[tuple[int, int]]) -> None: ...
 
 
 # Builds a worker's runner from (config, rank): the runner class, passed in by rank 0's
@@ -282,6 +287,8 @@ def worker_main(
             if not data:
                 break
             inputs: StepInputs = pickle.loads(data)
+            if inputs.page_moves:
+                runner.move_pages(inputs.page_moves)
             if inputs.writes or inputs.released:
                 assert adapters is not None, "slot writes reach only engines with LoRA"
                 apply_writes(adapters, inputs.writes)

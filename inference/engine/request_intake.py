@@ -72,7 +72,7 @@ class RequestIntake:
             raise InvalidRequestError("sampling_params must be a SamplingParams")
         self._check_token_ids(params)
         token_ids = self._prompt_tokens(request.prompt, request.prompt_token_ids)
-        self._check_length(len(token_ids))
+        self._check_length(len(token_ids), request.lora_request is not None)
         seq = Sequence(
             request_id,
             token_ids,
@@ -136,7 +136,7 @@ class RequestIntake:
             raise InvalidRequestError("the prompt is empty; send at least one token")
         return token_ids
 
-    def _check_length(self, n: int) -> None:
+    def _check_length(self, n: int, with_adapter: bool) -> None:
         limit = self.max_model_len
         if n + 1 > limit:
             raise PromptTooLongError(
@@ -145,9 +145,11 @@ class RequestIntake:
                 f"{limit - 1} tokens or fewer"
             )
         need = self.block_manager.blocks_needed(n + 1)
-        if need > self.block_manager.num_blocks:
+        room = self.block_manager.max_seq_blocks(with_adapter)
+        if need > room:
+            beside = " beside its adapter's slot" if with_adapter else ""
             raise PromptTooLongError(
                 f"the prompt has {n} tokens and needs {need} KV blocks, but the whole KV cache has "
-                f"{self.block_manager.num_blocks} ({self.max_seq_len} tokens); shorten the prompt "
-                f"or start the engine with a larger kv_cache_bytes"
+                f"{room} ({room * self.block_manager.block_size} tokens){beside}; shorten the "
+                f"prompt or start the engine with a larger kv_cache_bytes"
             )

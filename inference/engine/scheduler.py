@@ -180,14 +180,16 @@ class Scheduler:
         for seq in self._admission_order(priority):
             if budget == 0 or not self._make_room_for(seq):
                 break
-            cached = self.block_manager.cached_prefix(seq)
-            n = len(seq) - len(cached) * self.block_manager.block_size
-            if n > budget and not self.chunked_prefill:
-                break
-            if not self._free_blocks_for(seq, cached):
-                break
+            # the adapter first: taking its slot may move or forget blocks (memory_pool.py),
+            # and once acquired its pages are not counted as reclaimable for this request
             if self.lora is not None and not self.lora.acquire(seq):
                 continue
+            cached = self.block_manager.cached_prefix(seq)
+            n = len(seq) - len(cached) * self.block_manager.block_size
+            if (n > budget and not self.chunked_prefill) or not self._free_blocks_for(seq, cached):
+                if self.lora is not None:
+                    self.lora.unacquire(seq)
+                break
             self.block_manager.allocate(seq, cached)
             self._set_status(seq, SequenceStatus.RUNNING)
             seq.admitted_order = next(self._admissions)

@@ -118,9 +118,11 @@ def test_a_tenant_decode_that_needs_a_block_preempts_background_work_first(lora_
     """The background sequence is the oldest running one: newest-first alone would preempt
     the second tenant; the worst class goes first."""
     probe = lora_engine(lora_model_dir)
-    block_bytes, slots = probe.config.kv_block_bytes, probe.model_runner.lora_slots.nbytes
-    engine = lora_engine(
-        lora_model_dir, kv_cache_bytes=slots + 12 * block_bytes, background_tokens_per_step=4
+    engine = LLMEngine(  # base-model requests only: no LoRA slots share the 12 blocks
+        model=lora_model_dir,
+        block_size=4,
+        kv_cache_bytes=12 * probe.config.kv_block_bytes,
+        background_tokens_per_step=4,
     )
     assert engine.block_manager.num_blocks == 12 and engine.block_manager.block_size == 4
     long = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)

@@ -201,13 +201,13 @@ def _migrate(engine: LLMEngine) -> int:
                 continue
             if not manager.free_blocks:
                 return moved
-            new = manager.free_blocks.pop()
+            new = manager.free_blocks.take()
             for layer in layers:
                 for cache in (layer.k_cache, layer.v_cache):
                     cache[new] = cache[old]
                     cache[old] = 1e3
             manager.blocks[new].ref_count, block.ref_count = 1, 0
-            manager.free_blocks.appendleft(old)
+            manager.free_blocks.append(old)
             seq.block_table[i] = new
             moved += 1
     return moved

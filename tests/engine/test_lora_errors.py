@@ -229,13 +229,17 @@ def test_slots_that_leave_no_room_for_the_kv_cache_are_refused(lora_model_dir):
         LLMEngine(model=lora_model_dir, enable_lora=True, max_loras=64, kv_cache_bytes=1 << 20)
 
 
-def test_lora_slots_shrink_the_kv_budget(lora_model_dir):
+def test_lora_scratch_and_extras_shrink_the_pool_and_the_slots_live_in_it(lora_model_dir):
     plain = LLMEngine(model=lora_model_dir, kv_cache_bytes=4 << 20)
     with_lora = lora_engine(lora_model_dir, kv_cache_bytes=4 << 20, block_size=16, max_loras=8)
-    slots = with_lora.model_runner.lora_slots.nbytes
+    slots = with_lora.model_runner.lora_slots
     block = with_lora.config.kv_block_bytes
-    assert with_lora.block_manager.num_blocks == ((4 << 20) - slots) // block
+    assert with_lora.block_manager.num_blocks == ((4 << 20) - slots.reserved_nbytes) // block
     assert with_lora.block_manager.num_blocks < plain.block_manager.num_blocks
+    # the 8 slots' rows are pages of that pool, the bottom ones
+    pool = with_lora.model_runner.kv_cache
+    assert slots.num_slots == 8
+    assert slots.weights.untyped_storage().data_ptr() == pool.untyped_storage().data_ptr()
 
 
 def test_control_calls_name_the_problem(engine, good, reference):

@@ -57,7 +57,8 @@ def assert_all_free(engine):
     bm = engine.block_manager
     assert bm.num_used_blocks == 0
     assert all(b.ref_count == 0 for b in bm.blocks)
-    assert len(bm.free_blocks) + len(bm.cached_free) == bm.num_blocks
+    # the pages adapters in slots borrowed from the pool are theirs, not requests'
+    assert len(bm.free_blocks) + len(bm.cached_free) + bm.num_lent_pages == bm.num_blocks
 
 
 @pytest.mark.parametrize("adapter", [None, "pc0"])
@@ -167,9 +168,9 @@ def test_preemption_in_the_middle_of_a_shared_prefix(lora_model_dir):
     for i in range(3):
         add(reference, f"r{i}", SYSTEM[:20] + [60 + i], params=params)
         alone[f"r{i}"] = run_all(reference)[f"r{i}"]["tokens"]
+    # base-model requests only: an engine without LoRA, whose pool holds 18 blocks exactly
     block_bytes = engine_block_bytes(lora_model_dir)
-    slots = make_engine(lora_model_dir).model_runner.lora_slots.nbytes
-    engine = make_engine(lora_model_dir, kv_cache_bytes=slots + 18 * block_bytes)
+    engine = base_engine(lora_model_dir, 18 * block_bytes)
     assert engine.block_manager.num_blocks == 18
     for i in range(3):
         add(engine, f"r{i}", SYSTEM[:20] + [60 + i], params=params)
@@ -184,10 +185,13 @@ def engine_block_bytes(model_dir) -> int:
     return make_engine(model_dir).config.kv_block_bytes
 
 
+def base_engine(model_dir, kv_cache_bytes: int) -> LLMEngine:
+    return LLMEngine(model=model_dir, block_size=BLOCK, kv_cache_bytes=kv_cache_bytes)
+
+
 def test_eviction_under_pressure_takes_the_least_recently_used(lora_model_dir):
     block_bytes = engine_block_bytes(lora_model_dir)
-    slots = make_engine(lora_model_dir).model_runner.lora_slots.nbytes
-    engine = make_engine(lora_model_dir, kv_cache_bytes=slots + 12 * block_bytes)
+    engine = base_engine(lora_model_dir, 12 * block_bytes)
     plain = make_engine(lora_model_dir, enable_prefix_caching=False)
     prompts = [[100 + 10 * i + j for j in range(16)] for i in range(4)]  # 4 blocks each
     for i, ids in enumerate(prompts):
@@ -215,7 +219,8 @@ def test_unloading_an_adapter_frees_its_blocks(lora_model_dir, requests):
     before = len(bm.free_blocks)
     assert engine.unload_lora("id-pc0") is True
     assert not any(bm.blocks[b].adapter_id == "id-pc0" for b in bm.by_hash.values())
-    assert len(bm.free_blocks) == before + len(mine)
+    # its cached blocks and its slot's pages (lent to it from the pool) are free again
+    assert len(bm.free_blocks) == before + len(mine) + bm.layout.pages_per_slot
     assert any(bm.blocks[b].adapter_id == "id-pc1" for b in bm.by_hash.values())
     add(engine, "reloaded", SYSTEM, requests["pc0"])
     run_all(engine)

@@ -58,8 +58,8 @@ def test_a_tenant_request_preempts_background_work_for_a_sequence_slot(lora_mode
 def test_a_tenant_request_preempts_background_work_for_kv_blocks(lora_model_dir):
     probe = lora_engine(lora_model_dir)
     block_bytes = probe.config.kv_block_bytes
-    slots = probe.model_runner.lora_slots.nbytes
-    engine = lora_engine(lora_model_dir, kv_cache_bytes=slots + 40 * block_bytes, block_size=4)
+    # base-model requests only: no LoRA slots share the 40 blocks
+    engine = LLMEngine(model=lora_model_dir, kv_cache_bytes=40 * block_bytes, block_size=4)
     assert engine.block_manager.num_blocks == 40
     add(engine, "background", LONG_PROMPT, priority=Priority.BACKGROUND)  # 31 blocks
     while not (outputs := engine.step()):  # its prompt, in background-sized chunks

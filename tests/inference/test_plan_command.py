@@ -116,7 +116,10 @@ def test_the_engine_started_with_the_plan_allocates_what_it_planned(tmp_path):
         assert stats["kv_blocks_total"] * runner.block_size == d["kv_tokens"]
         assert stats["lora"]["slots_total"] == d["device_slots"] == 6
         assert stats["weights_bytes"] == d["weights_bytes_per_gpu"]
-        assert runner.lora_slots.nbytes == d["slots_bytes_per_gpu"]
+        pool = runner.pool
+        assert pool.num_pages == d["kv_blocks"] and pool.pages_per_slot == d["pages_per_slot"]
+        slot_pages = pool.num_slots * pool.pages_per_slot * engine.config.kv_block_bytes
+        assert runner.lora_slots.reserved_nbytes + slot_pages == d["slots_bytes_per_gpu"]
         assert runner.lora_slots.row_nbytes == d["adapter_bytes_per_gpu"]
         assert engine.config.max_cpu_loras == d["host_slots"] == 20
         assert engine.config.kv_block_bytes // runner.block_size == d["kv_bytes_per_token"]

@@ -22,6 +22,7 @@ class AdapterEntry:
     waiting: set[Sequence] = field(default_factory=set)  # waiting Sequences
     running: set[Sequence] = field(default_factory=set)  # running Sequences
     futures: list[Future[None]] = field(default_factory=list)  # load_lora() callers
+    source: str = "disk"  # where its last load read it: "disk" or "loader" (object storage)
 
     @property
     def adapter_id(self) -> str:
@@ -38,6 +39,11 @@ class AdapterEntry:
     @property
     def tier(self) -> str:
         return "device" if self.slot is not None else "host" if self.host is not None else "disk"
+
+    @property
+    def reload_tier(self) -> str:
+        """Where bringing it back into a slot would start: its host copy, or its source."""
+        return "host" if self.host is not None else self.source
 
     @property
     def tokens_left(self) -> int:

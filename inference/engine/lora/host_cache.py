@@ -87,7 +87,7 @@ class HostCache:
                     entry.pinned = False
                 continue
             self.metrics.lora_hits[result.tier] += 1
-            entry.host = result.adapter
+            entry.host, entry.source = result.adapter, result.tier
             self.lru[result.adapter_id] = None
             self._shrink()
             for future in entry.futures:

@@ -1,6 +1,6 @@
 """LoRA manager: which adapters sit in device slots, which in host memory, and loading the rest.
 
-Three tiers: device slots (`SlotAllocator`, `max_loras`, LRU) <- host memory (`HostCache`,
+Three tiers: device slots (`SlotAllocator`, in the KV cache's pool) <- host memory (`HostCache`,
 `max_cpu_loras`, LRU, pinned memory on CUDA) <- disk (the request's folder, or one the
 loader callback stages from object storage). A pinned adapter, and any adapter a running
 request uses, is never evicted from its slot.
@@ -17,14 +17,16 @@ from collections.abc import Iterable
 from concurrent.futures import Future
 from typing import Any
 
+from ..block_manager import BlockManager
 from ..errors import AdapterLoadError, InvalidRequestError
+from ..memory_pool import PoolLayout
 from ..metrics import EngineMetrics
 from ..request import LoRARequest
 from ..sequence import Sequence, SequenceStatus
 from .entry import AdapterEntry
 from .host_cache import HostCache
 from .loader import AdapterLoader
-from .slot_allocator import SlotAllocator
+from .slot_allocator import MovePages, SlotAllocator
 
 
 class LoRAManager:
@@ -40,6 +42,31 @@ class LoRAManager:
             -(-max_cpu_loras // slots.num_slots) * slots.arena.nbytes
         )
         self.host_cache = HostCache(self.adapters, max_cpu_loras, metrics, loader, host_bytes)
+
+    def attach_pool(self, pool: BlockManager, layout: PoolLayout, move_pages: MovePages) -> None:
+        """Borrow the slot groups' pages from the block manager, and lend it the pages of idle
+        adapters when it runs short."""
+        self.allocator.attach_pool(pool, layout, move_pages)
+        pool.lender = self
+
+    def reclaimable_pages(self) -> int:
+        with self.lock:
+            return self.allocator.reclaimable_pages()
+
+    def reclaim_pages(self) -> bool:
+        with self.lock:
+            return self.allocator.reclaim_pages()
+
+    def pool_pages(self) -> dict[str, int]:
+        """Pages lent to adapter slots: those whose adapter is in use (a request runs on it,
+        or it is pinned or being admitted) and those idle adapters could give back."""
+        with self.lock:
+            allocator = self.allocator
+            if allocator.pool is None or allocator.layout is None:
+                return {"adapters_in_use": 0, "adapters_idle": 0}
+            idle = allocator.reclaimable_pages()
+            lent = allocator.pool.num_lent_pages
+            return {"adapters_in_use": lent - idle, "adapters_idle": idle}
 
     # -- requests (step thread) -------------------------------------------------------------
 
@@ -87,6 +114,8 @@ class LoRAManager:
                 entry.waiting.add(seq)
             elif new is SequenceStatus.RUNNING:
                 entry.running.add(seq)
+                if self.allocator.admitting == req.adapter_id:
+                    self.allocator.admitting = None  # its running request keeps it now
 
     def begin_schedule(self) -> None:
         """Before admitting anyone: the reserved adapter takes a slot if one is free now."""
@@ -121,6 +150,7 @@ class LoRAManager:
                     return False
                 self.allocator.touch(req.adapter_id)
                 seq.lora_slot = entry.slot
+                self.allocator.admitting = req.adapter_id
                 return True
             if entry.host is None:
                 self.host_cache.want(entry)  # evicted from host since it was looked up
@@ -137,7 +167,15 @@ class LoRAManager:
             if self.allocator.reserved == req.adapter_id:
                 self.allocator.release_reservation()
             seq.lora_slot = slot
+            self.allocator.admitting = req.adapter_id
             return True
+
+    def unacquire(self, seq: Sequence) -> None:
+        """A request given its slot could not be admitted after all (no KV blocks): it
+        waits on, and its adapter, idle again, may give its pages back."""
+        with self.lock:
+            seq.lora_slot = -1
+            self.allocator.admitting = None
 
     def _swap_in(self, entry: AdapterEntry, slot: int) -> None:
         self.allocator.swap_in(entry, slot)

@@ -1,10 +1,18 @@
-"""Which adapter sits in which device slot.
+"""Which adapter sits in which device slot, and the slot groups' pages it borrows from the
+KV cache's pool (memory_pool.py).
 
-Least recently used first out, but never an adapter that is pinned or that a running
-request uses. No starvation: when an adapter in host memory finds every slot busy, it
-becomes the `reserved` adapter: no other adapter may take a slot before it, and the busy
-slot that will free soonest is `draining` (its adapter takes no new requests until the
-reserved one is in).
+A slot with no adapter lends its pages to the KV side. An adapter coming in takes, in
+order: an empty slot whose pages hold no block a request holds (free pages cost nothing;
+cached prefixes nobody holds are forgotten), the lowest first; else an empty slot whose held
+blocks can move to free pages outside it (one page copy each; the sequences' tables
+follow), the fewest first; else the slot of the idle adapter least worth keeping
+(`keep_score`). Never an adapter that is pinned or that a running request uses. No
+starvation: when an adapter in host memory finds every slot busy, it becomes the `reserved`
+adapter: no other adapter may take a slot before it, and the busy slot that will free soonest
+is `draining` (its adapter takes no new requests until the reserved one is in).
+
+When the KV side runs out of blocks, idle adapters give their pages back, the one least
+worth keeping first (`reclaim_pages`).
 
 An adapter with extras (DoRA scales, head LoRA, saved heads) needs room in the slots' arena
 too: idle adapters holding extras are evicted to make it, and when the busy ones hold it,
@@ -16,9 +24,17 @@ from collections.abc import Callable
 
 import torch
 
+from ..block_manager import BlockManager
+from ..memory_pool import PoolLayout
 from ..metrics import EngineMetrics
 from .entry import AdapterEntry
 from .slots import LoRASlots, timed_write
+
+# What bringing an adapter back costs, by where its copy is (relative): a host copy is one
+# host-to-device copy, a disk load reads and packs the files, the object store adds a
+# download on top. An idle adapter's keep score is this times its recency rank.
+RELOAD_COST = {"host": 1.0, "disk": 4.0, "loader": 16.0}
+MovePages = Callable[[list[tuple[int, int]]], None]
 
 
 class SlotAllocator:
@@ -26,6 +42,11 @@ class SlotAllocator:
         self.slots = slots
         self.adapters = adapters  # the manager's table, shared
         self.metrics = metrics
+        # the pool the slot groups are part of (None: slots of their own, as in unit use)
+        self.pool: BlockManager | None = None
+        self.layout: PoolLayout | None = None
+        self.move_pages: MovePages | None = None
+        self.admitting: str | None = None  # an adapter acquired for a request not yet running
         self.owner: list[str | None] = [None] * slots.num_slots
         self.lru: OrderedDict[str, None] = OrderedDict()  # adapters in slots, least recent first
         self.reserved: str | None = None  # adapter the next free slot goes to
@@ -43,25 +64,82 @@ class SlotAllocator:
     def release_reservation(self) -> None:
         self.reserved = self.draining = None
 
+    def attach_pool(self, pool: BlockManager, layout: PoolLayout, move_pages: MovePages) -> None:
+        """Serve the slots from the pool's slot groups (model_runner.py bound the rows)."""
+        assert layout.num_slots == self.slots.num_slots
+        self.pool, self.layout, self.move_pages = pool, layout, move_pages
+
     def free_slot(self, entry: AdapterEntry) -> int | None:
-        """A slot for `entry`, with arena room for its extras: an empty slot, or the slot of
-        the least recently used adapter that no running request uses and nobody pinned
-        (preferring one no waiting request needs either); None if there is none now."""
-        slot = next((s for s, owner in enumerate(self.owner) if owner is None), None)
+        """A slot for `entry`, with arena room for its extras (see the module's docstring for
+        the order slots are chosen in); None if there is none now."""
+        slot = self._empty_slot()
         if slot is None:
             victim = self._idle_victim(lambda a: True)
             if victim is None:
                 return None
             slot = victim.slot
-            self._evict_idle(victim)
+            assert slot is not None  # idle adapters are those in slots
+            self._evict_idle(victim, give_back=False)
+        else:
+            self._borrow(slot)
         while entry.host is not None and not self.slots.fits_extras(entry.host):
             victim = self._idle_victim(
                 lambda a: a.slot is not None and self.slots.holds_extras(a.slot)
             )
-            if victim is None:
-                return None  # busy adapters hold the arena: wait for one to drain
+            if victim is None:  # busy adapters hold the arena: wait for one to drain
+                self._give_back(slot)  # the slot stays empty: its pages serve KV
+                return None
             self._evict_idle(victim)
         return slot
+
+    def _empty_slot(self) -> int | None:
+        """The empty slot cheapest to fill: none of its pages held by a request, else the
+        fewest held blocks that fit outside it; None when no empty slot can be had."""
+        empty = [s for s, owner in enumerate(self.owner) if owner is None]
+        if self.pool is None or self.layout is None:
+            return empty[0] if empty else None
+        pool, layout = self.pool, self.layout
+        costs = [(pool.held_in(layout.slot_pages(s)), s) for s in empty]
+        movable = [(held, s) for held, s in costs if pool.can_lend(layout.slot_pages(s))]
+        return min(movable)[1] if movable else None
+
+    def _borrow(self, slot: int) -> None:
+        """Take the slot group's pages from the KV side, moving its held blocks out first."""
+        if self.pool is None or self.layout is None or slot in self.pool.lent:
+            return
+        pages = self.layout.slot_pages(slot)
+        cached = self.pool.cached_in(pages)
+        moves = self.pool.lend(slot, pages)
+        if moves:
+            assert self.move_pages is not None
+            self.move_pages(moves)
+            self.metrics.pool_blocks_moved += len(moves)
+        self.metrics.pool_evictions["prefix_for_adapter"] += cached
+        self.metrics.pool_resizes["kv_to_adapter"] += len(pages)
+
+    def _give_back(self, slot: int) -> None:
+        if self.pool is not None and slot in self.pool.lent:
+            self.metrics.pool_resizes["adapter_to_kv"] += len(self.pool.lent[slot])
+            self.pool.give_back(slot)
+
+    def reclaimable_pages(self) -> int:
+        """Pages the idle adapters' slots would give the KV side."""
+        if self.pool is None or self.layout is None:
+            return 0
+        k = self.layout.pages_per_slot
+        return k * sum(1 for a in map(self.adapters.__getitem__, self.lru) if self._idle(a))
+
+    def reclaim_pages(self) -> bool:
+        """Evict the idle adapter least worth keeping, so its pages serve KV blocks."""
+        victim = self._idle_victim(lambda a: True)
+        if victim is None or self.pool is None:
+            return False
+        self._evict_idle(victim, reason="adapter_for_kv")
+        return True
+
+    def _idle(self, entry: AdapterEntry) -> bool:
+        """Evictable: no running request uses it, none is being admitted with it, unpinned."""
+        return not entry.pinned and not entry.running and entry.adapter_id != self.admitting
 
     def pinned_out(self, entry: AdapterEntry) -> bool:
         """Whether pinned adapters hold so much of the arena that `entry`'s extras cannot fit
@@ -76,20 +154,29 @@ class SlotAllocator:
         return self.slots.arena.capacity - pinned < entry.host.extras_numel
 
     def _idle_victim(self, eligible: Callable[[AdapterEntry], bool]) -> AdapterEntry | None:
+        """The idle adapter least worth keeping: one no waiting request needs before one
+        that some do, then the lowest `keep_score`."""
         idle = [
-            a
-            for a in map(self.adapters.__getitem__, self.lru)
-            if not a.pinned and not a.running and eligible(a)
+            (a.num_waiting > 0, keep_score(a, rank), a)
+            for rank, a in enumerate(map(self.adapters.__getitem__, self.lru))
+            if self._idle(a) and eligible(a)
         ]
-        return next((a for a in idle if a.num_waiting == 0), idle[0] if idle else None)
+        return min(idle, key=lambda t: t[:2])[2] if idle else None
 
-    def _evict_idle(self, victim: AdapterEntry) -> None:
-        self.evict(victim)
+    def _evict_idle(
+        self, victim: AdapterEntry, give_back: bool = True, reason: str = "adapter_for_adapter"
+    ) -> None:
+        self.evict(victim, give_back)
         self.metrics.lora_evictions["device"] += 1
+        self.metrics.pool_evictions[reason] += 1
 
-    def evict(self, entry: AdapterEntry) -> None:
+    def evict(self, entry: AdapterEntry, give_back: bool = True) -> None:
+        """Take an adapter out of its slot; with `give_back` the slot's pages go back to the
+        KV side (else the next adapter in the slot keeps them)."""
         assert entry.slot is not None
         self.slots.clear(entry.slot)
+        if give_back:
+            self._give_back(entry.slot)
         self.owner[entry.slot] = None
         entry.slot = None
         del self.lru[entry.adapter_id]
@@ -136,3 +223,10 @@ class SlotAllocator:
             else:
                 pending.append((start, end))
         self._swap_events = pending
+
+
+def keep_score(entry: AdapterEntry, recency: int) -> float:
+    """How much an idle adapter is worth keeping in its slot: what reloading it costs
+    (RELOAD_COST by where its copy is) times its recency rank (0: the least recently used
+    adapter in a slot, so the most recent ones have the highest rank)."""
+    return RELOAD_COST.get(entry.reload_tier, RELOAD_COST["disk"]) * (1 + recency)

@@ -1,11 +1,14 @@
 """LoRA in device memory: the slots that hold adapters' weights, and the per-step batch that
 says which token uses which slot.
 
-Every target linear of every layer gets `max_loras` stacked A [S, R, in] and B [S, out, R]
-per output slice (q/k/v of `qkv_proj`, gate/up of `gate_up_proj`), padded to
-`max_lora_rank`. They are views into one [max_loras, slot_numel] tensor, slot-major, so an
-adapter is one contiguous row: a swap-in is a single host-to-device copy, and an adapter
-that does not target a module simply has zeros there (its delta is exactly zero). A module
+Every target linear of every layer gets S stacked A [S, R, in] and B [S, out, R] per output
+slice (q/k/v of `qkv_proj`, gate/up of `gate_up_proj`), padded to `max_lora_rank`. They
+are views into one [S, slot_numel] tensor, slot-major, so an adapter is one contiguous row:
+a swap-in is a single host-to-device copy, and an adapter that does not target a module
+simply has zeros there (its delta is exactly zero). That tensor is a strided view into the
+KV cache's pool (memory_pool.py), bound once the pool exists (`bind`); until then, for the
+start-up warm-up, a one-slot placeholder. The kernels take the slot stride from their
+pointer tables, so where the rows lie changes no compiled variant. A module
 whose scale differs from the adapter's (rank_pattern / alpha_pattern) has the ratio folded
 into its B, so one scale per slot serves every module.
 
@@ -51,6 +54,9 @@ Factors = dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]
 EXTRA_BYTES_ENV = "LORAPLEX_LORA_EXTRA_BYTES"
 SAVED_HEADS_DEFAULT_BYTES = 128 << 20
 SCALE_DTYPE = BUFFER_DTYPE = torch.float32  # one scale per slot; the shrink's output
+# The adapters with extras the default arena holds when max_loras is unset (the arena is
+# reserved before the pool decides the slot count; the old default slot count)
+DEFAULT_EXTRAS_SLOTS = 4
 # Where a swap-in's time is: seconds (CPU), or CUDA (start, end) events to read later
 SwapTiming = float | tuple[torch.cuda.Event, torch.cuda.Event]
 
@@ -77,13 +83,14 @@ class HostAdapter:
 
 
 class LoRASlots:
-    """The device side: `max_loras` slots for every target linear, allocated once, and an
-    arena of `extra_bytes` for the adapters' extras (default: `default_extra_bytes`)."""
+    """The device side: slots for every target linear, and an arena of `extra_bytes` for
+    the adapters' extras (default: `default_extra_bytes`, room for `max_loras` adapters'
+    extras, or DEFAULT_EXTRAS_SLOTS' when the pool decides the slot count)."""
 
     def __init__(
         self,
         model: CausalLM,
-        max_loras: int,
+        max_loras: int | None,
         max_rank: int,
         max_tokens: int,
         *,
@@ -93,37 +100,53 @@ class LoRASlots:
     ):
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
-        self.num_slots, self.max_rank = max_loras, max_rank
+        self.max_rank = max_rank
         self.max_saved_params = max_saved_params
-        targets = list(_target_linears(model))
+        self.targets = list(_target_linears(model))
         layout = slot_layout(model, max_rank)
         # (layer, module) -> (A offset, B offset, in_features, out_features) in a slot row
         self.offsets = layout.offsets
         self.slot_numel = numel = layout.numel
-        self.weights = torch.zeros(max_loras, numel, dtype=self.dtype, device=self.device)
-        self.scales = torch.zeros(max_loras, dtype=SCALE_DTYPE, device=self.device)
         self.buffer = torch.empty(
             layout.max_slices, max_tokens, max_rank, dtype=BUFFER_DTYPE, device=self.device
         )
         self.backend = select_backend(self.device)
         self.deterministic = deterministic  # every step's batch (see LoRABatch.deterministic)
-        self.base = _base_view(model, targets)
+        self.base = _base_view(model, self.targets)
         # tensor parallelism: each target's factors cut to this rank's shard (empty: whole)
-        self.sharders: dict[tuple[int, str], FactorSharder] = sharders(targets)
+        self.sharders: dict[tuple[int, str], FactorSharder] = sharders(self.targets)
         # rank 0 of a tensor-parallel engine: the slot writes (adapter) and clears (None)
         # since the last step, for the other ranks to repeat (see parallel_workers.py)
         self.journal: list[tuple[int, HostAdapter | None]] | None = None
         self.linear_lora: dict[tuple[int, str], LinearLoRA] = {}
+        self._max_tokens = max_tokens
+        self.bind(torch.zeros(1, numel, dtype=self.dtype, device=self.device))
+        model.model.embed_tokens.lora = self.embed_lora = EmbeddingLoRA()
+        model.lm_head.lora = self.head_lora = HeadLoRA()
+        if extra_bytes is None:
+            slots = max_loras if max_loras is not None else DEFAULT_EXTRAS_SLOTS
+            extra_bytes = default_extra_bytes(model, slots, max_rank, max_saved_params, numel)
+        self.arena = ExtrasArena(extra_bytes // self.dtype.itemsize, self.dtype, self.device)
+        self.extras_at: dict[int, int] = {}  # slot -> start of its adapter's extras in the arena
+        self.head_slots: set[int] = set()  # slots whose adapters change lm_head
+
+    def bind(self, weights: torch.Tensor) -> None:
+        """Serve the slots from `weights` [num_slots, slot_numel] (rows contiguous, any row
+        stride): every target's stacks become views of it. Before any adapter is written."""
+        assert weights.shape[1] == self.slot_numel and weights.stride(1) == 1
+        assert weights.dtype == self.dtype, "the slots and the KV pool share the compute dtype"
+        self.weights = weights
+        self.num_slots = weights.shape[0]
+        self.scales = torch.zeros(self.num_slots, dtype=SCALE_DTYPE, device=self.device)
+        max_rank = self.max_rank
         check = make_lora_batch(torch.tensor([0]), device=self.device, backend=self.backend)
-        for layer, name, linear, modules in targets:
+        for layer, name, linear, modules in self.targets:
             lora_a, lora_b = [], []
             for module in modules:
                 a_off, b_off, fan_in, fan_out = self.offsets[(layer, module)]
-                lora_a.append(self.weights[:, a_off:b_off].unflatten(1, (max_rank, fan_in)))
+                lora_a.append(weights[:, a_off:b_off].unflatten(1, (max_rank, fan_in)))
                 lora_b.append(
-                    self.weights[:, b_off : b_off + fan_out * max_rank].unflatten(
-                        1, (fan_out, max_rank)
-                    )
+                    weights[:, b_off : b_off + fan_out * max_rank].unflatten(1, (fan_out, max_rank))
                 )
             linear.lora = self.linear_lora[(layer, name)] = LinearLoRA(lora_a, lora_b, self.scales)
             x = torch.zeros(1, linear.in_features, dtype=self.dtype, device=self.device)
@@ -131,25 +154,19 @@ class LoRASlots:
             check_add_lora(out, x, lora_a, lora_b, self.scales, check)  # once, not per step
         stacks = [(s.lora_a, s.lora_b) for s in self.linear_lora.values()]
         try:  # a tile the device cannot launch fails the start, never a request
-            check_tiles(stacks, max_tokens, self.backend)
+            check_tiles(stacks, self._max_tokens, self.backend)
         except ValueError as error:
             raise ConfigError(str(error)) from None
-        model.model.embed_tokens.lora = self.embed_lora = EmbeddingLoRA()
-        model.lm_head.lora = self.head_lora = HeadLoRA()
-        if extra_bytes is None:
-            extra_bytes = default_extra_bytes(model, max_loras, max_rank, max_saved_params, numel)
-        self.arena = ExtrasArena(extra_bytes // self.dtype.itemsize, self.dtype, self.device)
-        self.extras_at: dict[int, int] = {}  # slot -> start of its adapter's extras in the arena
-        self.head_slots: set[int] = set()  # slots whose adapters change lm_head
 
     @property
     def row_nbytes(self) -> int:
         return self.slot_numel * self.weights.element_size()
 
     @property
-    def nbytes(self) -> int:
-        tensors = (self.weights, self.scales, self.buffer)
-        return sum(t.numel() * t.element_size() for t in tensors) + self.arena.nbytes
+    def reserved_nbytes(self) -> int:
+        """Device bytes LoRA keeps outside the pool: the shrink's scratch and the extras
+        arena (the slots' scales, 4 bytes each, are not counted)."""
+        return self.buffer.numel() * self.buffer.element_size() + self.arena.nbytes
 
     def pack(
         self, spec: AdapterSpec, tensors: AdapterTensors, pin: bool
@@ -211,6 +228,7 @@ class LoRASlots:
         if self.journal is not None:
             self.journal.append((slot, None))
         self.scales[slot] = 0.0  # a stale slot contributes nothing even if named by mistake
+        self.weights[slot].zero_()  # its pages go back to the KV side zeroed, as they started
         start = self.extras_at.pop(slot, None)
         if start is None:
             return
@@ -294,27 +312,24 @@ def slot_layout(model: CausalLM, max_rank: int) -> SlotLayout:
     return SlotLayout(offsets, numel, max_slices)
 
 
-def slots_nbytes(
+def reserved_nbytes(
     model: CausalLM,
-    max_loras: int,
+    max_loras: int | None,
     max_rank: int,
     max_tokens: int,
     *,
     extra_bytes: int | None,
     max_saved_params: int,
 ) -> int:
-    """Device bytes `LoRASlots` takes with these settings (its `nbytes`), from the model's
-    shapes alone: the slot rows, their scales, the shrink buffer and the extras arena."""
+    """`LoRASlots.reserved_nbytes` with these settings, from the model's shapes alone: the
+    shrink buffer and the extras arena, which stay outside the pool."""
     layout = slot_layout(model, max_rank)
     itemsize = model.lm_head.weight.element_size()
     if extra_bytes is None:
-        extra_bytes = default_extra_bytes(
-            model, max_loras, max_rank, max_saved_params, layout.numel
-        )
-    rows = max_loras * layout.numel * itemsize
-    scales = max_loras * SCALE_DTYPE.itemsize
+        slots = max_loras if max_loras is not None else DEFAULT_EXTRAS_SLOTS
+        extra_bytes = default_extra_bytes(model, slots, max_rank, max_saved_params, layout.numel)
     buffer = layout.max_slices * max_tokens * max_rank * BUFFER_DTYPE.itemsize
-    return rows + scales + buffer + extra_bytes // itemsize * itemsize
+    return buffer + extra_bytes // itemsize * itemsize
 
 
 def default_extra_bytes(

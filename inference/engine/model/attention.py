@@ -1,8 +1,9 @@
 """Attention over the paged KV cache: the one place a paged-attention kernel plugs in.
 
-Layout: each layer's cache is a [num_blocks, block_size, num_kv_heads, head_dim] tensor for
-keys and one for values. Queries are grouped by KV head (GQA): q head h reads KV head
-h // (num_heads // num_kv_heads), so no key or value is ever repeated.
+Layout: each layer's cache is a [num_blocks, block_size, num_kv_heads, head_dim] view for
+keys and one for values, strided over the pool's pages (kv_cache.py). Queries are grouped
+by KV head (GQA): q head h reads KV head h // (num_heads // num_kv_heads), so no key or
+value is ever repeated.
 """
 
 import torch
@@ -20,9 +21,13 @@ def store_kv(
     v: torch.Tensor,
     slot_mapping: torch.Tensor,
 ) -> None:
-    """Write the fed tokens' keys and values [T, kv_heads, head_dim] into their cache slots."""
-    k_cache.view(-1, *k.shape[1:]).index_copy_(0, slot_mapping, k)
-    v_cache.view(-1, *v.shape[1:]).index_copy_(0, slot_mapping, v)
+    """Write the fed tokens' keys and values [T, kv_heads, head_dim] into their cache slots
+    (slot = block * block_size + offset). The caches are views strided over the pool's
+    pages (kv_cache.py), so they are indexed by block and offset, never flattened."""
+    block_size = k_cache.shape[1]
+    index = (slot_mapping // block_size, slot_mapping % block_size)
+    k_cache.index_put_(index, k)
+    v_cache.index_put_(index, v)
 
 
 def attend(

@@ -10,7 +10,7 @@ slots (one per adapter up to the concurrency: a batch never uses more), and what
 is more KV cache.
 """
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -24,7 +24,8 @@ from ..errors import ConfigError, ModelLoadError
 from ..fingerprint import TARGET_MODULES
 from ..kv_cache import cpu_default_kv_bytes, memory_pool_bytes
 from ..lora.peft_rules import DEFAULT_MAX_SAVED_MODULE_PARAMS
-from ..lora.slots import slot_layout, slots_nbytes
+from ..lora.slots import reserved_nbytes, slot_layout
+from ..memory_pool import CPU_DEFAULT_SLOTS, DEFAULT_MAX_POOL_SLOTS, pages_per_slot
 from ..model_config import ModelConfig
 from ..parallel.plan import ShardPlan, check_shardable
 from .devices import Device
@@ -36,7 +37,7 @@ from .memory import (
     step_activation_bytes,
 )
 from .quantizations import ORDER, quantization_name, with_quantization
-from .traffic import HitRates, simulate, zipf_weights
+from .traffic import HitRates, expected_distinct, simulate, zipf_weights
 
 DEFAULT_CONCURRENCY = 64  # LORAPLEX_MAX_NUM_SEQS's default
 TP_SIZES = (1, 2, 4, 8)
@@ -98,9 +99,12 @@ class Plan:
     adapter_bytes_per_gpu: int  # one slot row: every target linear at the rank
     adapter_weights_bytes_per_gpu: int  # the adapter's own factors, on its targets
     slots_bytes_per_gpu: int  # all device slots with their scales, buffer and extras
-    device_slots: int
+    device_slots: int  # the upper bound on adapters in device memory (LORAPLEX_MAX_LORAS)
     host_slots: int
-    kv_blocks: int
+    kv_blocks: int  # the pool's pages: all KV cache while no adapter sits in a slot
+    pages_per_slot: int  # the pages an adapter in a device slot takes from the KV cache
+    adapters_active: int  # distinct adapters expected among `concurrency` requests
+    kv_blocks_busy: int  # the KV pages left beside that many adapters
     block_size: int
     max_model_len: int
     max_batch: int  # sequences of prompt + output tokens the KV cache holds at once
@@ -113,6 +117,11 @@ class Plan:
     @property
     def kv_tokens(self) -> int:
         return self.kv_blocks * self.block_size
+
+    @property
+    def kv_tokens_slots_full(self) -> int:
+        """The KV cache left while every device slot holds an adapter."""
+        return max(self.kv_blocks - self.device_slots * self.pages_per_slot, 0) * self.block_size
 
     def to_dict(self) -> dict[str, Any]:
         """Byte figures for the whole deployment (all `tp` GPUs together) with the one
@@ -147,6 +156,10 @@ class Plan:
             "device_slots": self.device_slots,
             "host_slots": self.host_slots,
             "kv_blocks": self.kv_blocks,
+            "pages_per_slot": self.pages_per_slot,
+            "adapters_active": self.adapters_active,
+            "kv_tokens_busy": self.kv_blocks_busy * self.block_size,
+            "kv_tokens_slots_full": self.kv_tokens_slots_full,
             "block_size": self.block_size,
             "kv_tokens": self.kv_tokens,
             "max_model_len": self.max_model_len,
@@ -259,43 +272,57 @@ def _plan(r: PlanRequest, mc: ModelConfig, max_model_len: int) -> Plan:
         device.memory_bytes, r.gpu_memory_utilization, weights + runtime, activations, graph_bytes
     )
     slot_tokens = max(batch_tokens, r.concurrency)
+    seq_blocks = -(-max_model_len // r.block_size)
+    pad = 1 if graphs else 0  # the decode graphs' padding page, never handed out
+    k = pages_per_slot(layout.numel * item, block_bytes)
+    adapters = len(r.usage_counts) if r.usage_counts is not None else r.tenants
+    weights_by_adapter = (
+        list(r.usage_counts) if r.usage_counts is not None else zipf_weights(adapters, r.zipf)
+    )
+    if sum(weights_by_adapter) == 0:
+        weights_by_adapter = [1.0] * adapters
 
-    def slots_bytes(n: int) -> int:
-        return slots_nbytes(
+    def reserved(slots: int | None) -> int:  # LoRA's bytes outside the pool
+        return reserved_nbytes(
             model,
-            n,
+            slots,
             r.rank,
             slot_tokens,
             extra_bytes=None,
             max_saved_params=DEFAULT_MAX_SAVED_MODULE_PARAMS,
         )
 
-    seq_blocks = -(-max_model_len // r.block_size)
-    pad = 1 if graphs else 0  # the decode graphs' padding block, never handed out
-    need_kv = (r.concurrency * seq_blocks + pad) * block_bytes
-    adapters = len(r.usage_counts) if r.usage_counts is not None else r.tenants
-    if r.max_loras is not None:
+    def pool_pages(reserved_bytes: int) -> tuple[int, int]:
+        if r.kv_cache_bytes is not None:
+            pool = r.kv_cache_bytes
+        elif r.engine_pool and device.kind == "cpu":  # the CPU default cache, the slots' pages
+            slot_pages = (r.max_loras or CPU_DEFAULT_SLOTS) * k * block_bytes
+            default = cpu_default_kv_bytes(max_model_len, r.block_size, block_bytes)
+            pool = reserved_bytes + default + slot_pages
+        else:
+            pool = room
+        return pool, max(max(pool - reserved_bytes, 0) // block_bytes - pad, 0)
+
+    if r.max_loras is not None or r.engine_pool:  # an engine's own: as it sizes them
+        pool, pages = pool_pages(reserved(r.max_loras))
         slots = r.max_loras
-    else:
-        slots = _most_slots(min(adapters, r.concurrency), room - need_kv, slots_bytes)
-    lora_bytes = slots_bytes(slots) if slots else 0
-    if r.kv_cache_bytes is not None:
-        pool = r.kv_cache_bytes
-    elif r.engine_pool and device.kind == "cpu":  # the slots, and the CPU default on top
-        pool = lora_bytes + cpu_default_kv_bytes(max_model_len, r.block_size, block_bytes)
-    else:
-        pool = room
-    blocks = max(pool - lora_bytes, 0) // block_bytes
-    kv_blocks = max(blocks - pad, 0)
-    max_batch = kv_blocks // seq_blocks
+        if slots is None:
+            slots = max(0, min((pages - 1) // k, DEFAULT_MAX_POOL_SLOTS, r.max_cpu_loras or 0))
+    else:  # one slot per adapter up to the concurrency (a batch never holds more), as many
+        # as leave KV for the concurrency's sequences beside them
+        wanted = min(adapters, r.concurrency)
+        pool, pages = pool_pages(reserved(wanted))
+        need = r.concurrency * seq_blocks
+        slots = max(0, min(wanted, (pages - need) // k, (pages - 1) // k))
+        pool, pages = pool_pages(reserved(slots))  # the arena is sized for the slots set
+    lora_reserved = reserved(slots if not r.engine_pool else r.max_loras)
     host = r.max_cpu_loras or max(min(adapters, default_max_cpu_loras(slots)), slots)
+    active = min(slots, expected_distinct(weights_by_adapter, r.concurrency))
+    kv_blocks_busy = max(pages - active * k, 0)  # the KV left beside the adapters in use
+    max_batch = kv_blocks_busy // seq_blocks
+    lora_bytes = lora_reserved + slots * k * block_bytes
     reason = _verdict(r, weights, usable, room, pool, lora_bytes, slots, max_batch, block_bytes)
     fits = not reason
-    weights_by_adapter = (
-        list(r.usage_counts) if r.usage_counts is not None else zipf_weights(adapters, r.zipf)
-    )
-    if sum(weights_by_adapter) == 0:
-        weights_by_adapter = [1.0] * adapters
     hit_rates = simulate(weights_by_adapter, min(slots, adapters), max(min(host, adapters), slots))
     result = Plan(
         model=r.name or mc.architecture,
@@ -318,7 +345,10 @@ def _plan(r: PlanRequest, mc: ModelConfig, max_model_len: int) -> Plan:
         slots_bytes_per_gpu=lora_bytes,
         device_slots=slots,
         host_slots=host,
-        kv_blocks=kv_blocks,
+        kv_blocks=pages,
+        pages_per_slot=k,
+        adapters_active=active,
+        kv_blocks_busy=kv_blocks_busy,
         block_size=r.block_size,
         max_model_len=max_model_len,
         max_batch=max_batch,
@@ -329,18 +359,6 @@ def _plan(r: PlanRequest, mc: ModelConfig, max_model_len: int) -> Plan:
     if fits:
         result.settings = _settings(r, result, batch_tokens)
     return result
-
-
-def _most_slots(cap: int, room: int, slots_bytes: Callable[[int], int]) -> int:
-    """The most device slots (at most `cap`) whose bytes fit in `room`; 0 if none does."""
-    low, high = 0, cap
-    while low < high:
-        mid = (low + high + 1) // 2
-        if slots_bytes(mid) <= room:
-            low = mid
-        else:
-            high = mid - 1
-    return low
 
 
 def _verdict(

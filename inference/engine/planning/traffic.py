@@ -9,6 +9,7 @@ engine; the replay does not model that, so it reads as an upper bound when slots
 against the concurrency.
 """
 
+import math
 import random
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -29,6 +30,13 @@ class HitRates:
 
 def zipf_weights(adapters: int, s: float) -> list[float]:
     return [1.0 / (k**s) for k in range(1, adapters + 1)]
+
+
+def expected_distinct(weights: Sequence[float], requests: int) -> int:
+    """The distinct adapters `requests` independent draws are expected to name (rounded up):
+    the adapters a batch of that many requests holds in device slots at once."""
+    total = sum(weights)
+    return math.ceil(sum(1 - (1 - w / total) ** requests for w in weights) - 1e-9)
 
 
 def simulate(weights: Sequence[float], device_slots: int, host_slots: int) -> HitRates:

@@ -136,12 +136,26 @@ def render(p: Plan) -> str:
         ("activations + graphs + runtime", f"{overheads:,.2f} GB"),
         ("pool (KV cache + slots)", size("pool_bytes")),
         ("KV bytes per token", per_token),
-        ("KV tokens", f"{p.kv_tokens:,} ({p.kv_blocks:,} blocks of {p.block_size})"),
-        ("largest batch", f"{p.max_batch} x {p.max_model_len} tokens"),
+        (
+            "pool pages",
+            f"{p.kv_blocks:,} of {p.block_size} tokens; an adapter in a slot takes "
+            f"{p.pages_per_slot}",
+        ),  # fmt: skip
+        ("KV tokens, no adapter in", f"{p.kv_tokens:,}"),
+        (
+            "KV tokens, beside",
+            f"{d['kv_tokens_busy']:,} (the {p.adapters_active} adapters "
+            f"{p.concurrency} requests are expected to name)",
+        ),  # fmt: skip
+        ("largest batch", f"{p.max_batch} x {p.max_model_len} tokens, beside those adapters"),
         ("concurrency", str(p.concurrency)),
         ("adapter slot row", f"{d['adapter_bytes'] / mib:,.1f} MiB"),
         ("adapter's own factors", f"{d['adapter_weights_bytes'] / mib:,.1f} MiB"),
-        ("device slots", f"{p.device_slots} ({d['slots_bytes'] / GB:,.2f} GB with extras)"),
+        (
+            "device slots",
+            f"at most {p.device_slots} ({d['slots_bytes'] / GB:,.2f} GB of the "
+            f"pool when all are full, with extras)",
+        ),  # fmt: skip
         ("host slots", f"{p.host_slots} ({d['host_bytes'] / GB:,.2f} GB of host memory)"),
         ("hit rates", f"device {rates.device:.1%}, host {rates.host:.1%}, disk {rates.disk:.1%}"),
         ("swap-in", f"{p.swap_in_seconds * 1000:,.1f} ms per adapter"),
