@@ -17,12 +17,14 @@ whole trace, as ratios measured in the same run. The last line is one JSON objec
 
 import json
 import random
+import sys
 import time
 from collections import deque
 
 from common import bench_parser, chat_prompts, make_adapters, model_dir, percentile
 
 from inference.engine import EngineRequest, LLMEngine, LoRARequest, SamplingParams
+from inference.engine.errors import ConfigError
 
 POOL = "pool"
 
@@ -73,6 +75,7 @@ def serve(engine: LLMEngine, trace: list[dict], concurrency: int) -> list[dict]:
                 record["tokens"], record["done"] = out.completion_tokens, now
                 if out.finished:
                     in_flight.discard(int(out.request_id))
+        print(f"  {trace[start]['phase']} phase done", file=sys.stderr, flush=True)
     return records
 
 
@@ -113,16 +116,21 @@ def main():
     loras = [LoRARequest(f"adapter-{i}", f"bench-{i}", str(f))
              for i, f in enumerate(make_adapters(base, args.adapters))]  # fmt: skip
     splits = [POOL, *args.splits.split(",")]
-    results, trace = {}, None
+    results, trace, skipped = {}, None, {}
     for split in splits:
-        engine = LLMEngine(**engine_config(args, base, split))
+        name = split if split == POOL else f"fixed-{split}"
+        try:
+            engine = LLMEngine(**engine_config(args, base, split))
+        except ConfigError as error:  # a split the budget cannot hold: reported, not fatal
+            print(name, "does not fit:", error, file=sys.stderr, flush=True)
+            skipped[name] = str(error)
+            continue
         if trace is None:
             trace = make_trace(args, loras, engine.tokenizer, engine.config.model_config.vocab_size)
         engine.generate([trace[0]["prompt"]], SamplingParams(temperature=0, max_tokens=2))
         records = serve(engine, trace, args.concurrency)
         stats = engine.stats()
         engine.close()
-        name = split if split == POOL else f"fixed-{split}"
         results[name] = {
             "whole": figures(trace, records, None),
             "adapters": figures(trace, records, "adapters"),
@@ -165,6 +173,7 @@ def main():
             "kv_cache_mib", "adapters", "kv_adapters", "zipf", "cycles", "phase_requests",
             "concurrency", "short_output", "long_prompt", "long_output", "max_cpu_loras")},
         "engines": results,
+        "splits_that_do_not_fit": skipped,
         "comparison": comparison,
     }  # fmt: skip
     print(json.dumps(out))
