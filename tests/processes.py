@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import socket
 import subprocess
 import sys
@@ -18,10 +19,24 @@ SERVE = ("manage.py", "serve", "--log-level", "warning")
 T = TypeVar("T")
 
 
+PORT_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A free port below the ephemeral range, as a deployment's fixed port is: a port the
+    kernel hands out for `bind(0)` is released here and could be handed again, before the
+    child binds it, to the child's own `bind(0)` (its tensor-parallel rendezvous does one)."""
+    low = int(PORT_RANGE.read_text().split()[0]) if PORT_RANGE.exists() else 32768
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.randrange(max(1024, low - 12000), low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"no free port below {low}")
 
 
 def database_url() -> str:
