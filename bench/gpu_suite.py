@@ -25,6 +25,10 @@ it. The order puts what proves most first:
   decode_graphs, decode_eager   decode tokens/s at batch 1, 32, 128, and the bandwidth share
   ttft                   a 1,000-token prompt's time to first token, cold and prefix-cached
   transformers_generate  transformers' `generate` at the same shapes
+  quant_decode           decode over the served model quantized to FP8 and W4A16, and bf16
+Only when named (--sections):
+  pool_trace             the memory pool against fixed splits of one budget, through the
+                         trace of bench/memory_pool_trace.py at the served model's shapes
 A section whose module is not in bench/ (yet) is skipped as not available.
 
 Needs only torch, triton, transformers, peft and safetensors: no Django, no network. The last
@@ -42,7 +46,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from gpu_suite_plan import INTERPRET_TOTAL_S, SECTIONS, TOTAL_S, Section, plan, plan_table
+from gpu_suite_plan import (
+    INTERPRET_TOTAL_S,
+    ON_REQUEST,
+    SECTIONS,
+    TOTAL_S,
+    Section,
+    plan,
+    plan_table,
+)
 from gpu_suite_profile import GPU, INTERPRET
 
 STARTED = time.monotonic()  # the budget counts the heavy imports too
@@ -71,10 +83,14 @@ def existing_folder(text: str) -> Path:
     return path
 
 
-def chosen(names: str | None, sections: tuple[Section, ...]) -> tuple[Section, ...]:
-    """The named sections and those they need, in plan order (all of them for None)."""
+def chosen(
+    names: str | None, sections: tuple[Section, ...], on_request: tuple[Section, ...] = ON_REQUEST
+) -> tuple[Section, ...]:
+    """The named sections and those they need, in plan order (all of `sections` for None;
+    one of `on_request` runs only when named)."""
     if names is None:
         return sections
+    sections = (*sections, *on_request)
     by_name = {s.name: s for s in sections}
     wanted = {n.strip() for n in names.split(",") if n.strip()}
     unknown = sorted(wanted - set(by_name))

@@ -57,6 +57,10 @@ SECTIONS: tuple[Section, ...] = (
     # engine load (~5 s for 16 GB from the page cache) and seconds of steps in each
     Section("quant_decode", 45, "gpu_suite_quant:quant_decode", SERVED),
 )
+# Run only when named (`--sections pool_trace`), in a lease of their own: three engines over
+# the served model, each through a trace of 160 requests (a fifth of them 1,920 tokens long);
+# the cap is a reasoned guess (each engine's start, about 10 s, and a few seconds of steps)
+ON_REQUEST: tuple[Section, ...] = (Section("pool_trace", 90, "gpu_suite_pool:pool_trace", SERVED),)
 
 
 def cap_of(section: Section, interpret: bool) -> float:

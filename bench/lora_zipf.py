@@ -11,10 +11,12 @@ run maps adapter k to k mod 8, all 8 loaded and in their slots beforehand. Repor
 of both and their ratio, hit rate per tier (hits / lookups, a lookup counted at the tier where
 it was asked), loads and evictions, and TTFT (arrival to first token, wall clock) p50/p99 by
 where the adapter was when the request arrived: device (warm), host, or disk (cold, including
-requests that joined a load already running). With --pool the Zipf run is repeated with the
-slot count left to the memory pool (`max_loras` unset) and both Zipf runs get the same
-`kv_cache_bytes` (--kv-cache-mib, KV cache and slots together), so the pool's device hit rate
-and TTFT p99 compare with the fixed 8 slots' at one budget. The last line is one JSON object.
+requests that joined a load already running). The 8 slots are a fixed split
+(`reserve_lora_slots`: their memory is theirs whether adapters use it or not). With --pool the
+Zipf run is repeated with the slot count left to the memory pool (`max_loras` unset) and both
+Zipf runs get the same `kv_cache_bytes` (--kv-cache-mib: KV cache, slots, LoRA scratch and
+extras together), so the pool's device hit rate and TTFT p99 compare with the fixed 8 slots'
+at one budget. The last line is one JSON object.
 """
 
 import json
@@ -86,7 +88,7 @@ def all_ttft(records) -> dict:
 
 def pool_run(config, loras, picks, prompts, params, concurrency) -> dict:
     """The same Zipf run with the slot count left to the memory pool, at the same budget."""
-    engine = LLMEngine(**(config | {"max_loras": None}))
+    engine = LLMEngine(**(config | {"max_loras": None, "reserve_lora_slots": False}))
     engine.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=2))
     seconds, records = run(engine, [loras[k] for k in picks], prompts, params, concurrency)
     stats = engine.stats()
@@ -128,7 +130,8 @@ def main():
     picks = rng.choices(range(args.adapters), weights=weights, k=args.requests)
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
     config = {"model": base, "device": "cpu", "dtype": "float32", "enable_lora": True,
-              "max_loras": args.max_loras, "max_cpu_loras": args.max_cpu_loras}  # fmt: skip
+              "max_loras": args.max_loras, "reserve_lora_slots": True,
+              "max_cpu_loras": args.max_cpu_loras}  # fmt: skip
     if args.pool:
         config["kv_cache_bytes"] = args.kv_cache_mib << 20
 

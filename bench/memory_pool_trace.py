@@ -2,17 +2,30 @@
 distinct adapters, short prompts, Zipf popularity) and a KV-heavy phase (a few adapters, long
 prompts, long outputs), served by the unified pool and by fixed splits of the same budget.
 
-    .venv/bin/python bench/memory_pool_trace.py [--kv-cache-mib 768] [--splits 4,1,32]
+    .venv/bin/python bench/memory_pool_trace.py [--kv-cache-mib N] [--splits 4,8,16]
+    .venv/bin/python bench/memory_pool_trace.py --load 0.9   # Poisson arrivals instead
 
 SmolLM2-135M by default, fp32 on CPU, greedy, eos ignored. Every engine gets the same
-`kv_cache_bytes` (KV blocks and adapter slots together) and the same host cache; the pool
-(`max_loras` unset) sizes its slots from demand, a fixed split keeps `max_loras` slots. Each
-engine serves the same trace in the same order: --cycles of (adapter-heavy, KV-heavy), each
-phase --phase-requests requests in a closed loop of --concurrency in flight (a new one as each
-finishes). Long prompts are distinct random token ids, so no prefix is shared. Reported per
-engine and per phase: tokens/s and TTFT (arrival to first token) p50/p99; then the pool
-against the best fixed split of each phase and against the fixed split that is best over the
-whole trace, as ratios measured in the same run. The last line is one JSON object.
+`kv_cache_bytes` (KV pages, adapter slots, the LoRA scratch and extras arena together) and
+the same host cache. The pool (`max_loras` unset) sizes its slots from demand; a fixed split
+reserves `max_loras` slots whose pages never serve as KV blocks (`reserve_lora_slots`), as
+engines before the pool did. By default the budget is the one the trace is about: the
+KV-heavy phase's sequences fit beside its own adapters' slots and no more, so every slot a
+fixed split holds beyond those is KV the long requests lack (--kv-cache-mib sets another).
+
+Each engine serves the same trace: --cycles of (adapter-heavy, KV-heavy). Closed loop (the
+default): each phase keeps its own concurrency in flight (a new request as each finishes),
+and a phase starts when the last ended. Open loop (--load L): requests arrive as a Poisson
+process, each phase at L times the request rate the pool sustained in that phase of a
+closed-loop run of the first cycle (the calibration, reported), phases back to back in
+time whatever the backlog, as traffic shifts; TTFT then includes the queue. Long prompts are
+distinct random token ids, so no prefix is shared. Reported per engine, for the whole trace
+and per phase (a phase's figures from its first arrival to its last completion, over every
+cycle): tokens/s and TTFT (arrival to first token) p50/p99. Then the pool against every
+fixed split, against the better one (the higher throughput over the whole trace) and the
+default (4 slots), as ratios measured in the same run; `goal_met` holds when the pool makes
+at least 1.3x the better split's tokens/s or at most half its TTFT p99. The last line is one
+JSON object.
 """
 
 import json
@@ -24,157 +37,292 @@ from collections import deque
 from common import bench_parser, chat_prompts, make_adapters, model_dir, percentile
 
 from inference.engine import EngineRequest, LLMEngine, LoRARequest, SamplingParams
+from inference.engine.config import EngineConfig
 from inference.engine.errors import ConfigError
+from inference.engine.lora.slots import reserved_nbytes, slot_layout
+from inference.engine.memory_pool import pages_per_slot
+from inference.engine.planning.memory import meta_model
+from inference.engine.tokenizer import Tokenizer
 
 POOL = "pool"
+DEFAULT_SPLIT = "fixed-4"  # the slot count engines reserved by default before the pool
+PHASES = ("adapters", "kv")
+GOAL_THROUGHPUT, GOAL_TTFT_P99 = 1.3, 0.5
 
 
-def make_trace(args, loras, tokenizer, vocab_size) -> list[dict]:
-    """The requests of every phase, in order: the adapter, the prompt, the output length."""
+def make_trace(args, loras, short: list[list[int]], vocab_size: int) -> list[dict]:
+    """The requests of every phase, in order: the adapter, the prompt, the output length.
+    The adapter-heavy phase cycles through the `short` prompts; long prompts are random."""
     rng = random.Random(args.seed)
-    short = chat_prompts(tokenizer, args.phase_requests)
-    weights = [1 / (k + 1) ** args.zipf for k in range(args.adapters)]
+    weights = [1 / (k + 1) ** args.zipf for k in range(len(loras))]
     trace: list[dict] = []
     for cycle in range(args.cycles):
-        for k in rng.choices(range(args.adapters), weights=weights, k=args.phase_requests):
-            prompt = short[len(trace) % len(short)]
+        picks = rng.choices(range(len(loras)), weights=weights, k=args.adapter_requests)
+        for i, k in enumerate(picks):
+            prompt = short[i % len(short)]
             trace.append({"phase": "adapters", "cycle": cycle, "lora": loras[k],
                           "prompt": prompt, "max_tokens": args.short_output})  # fmt: skip
-        for i in range(args.phase_requests):
+        for i in range(args.kv_requests):
             prompt = [rng.randrange(16, vocab_size) for _ in range(args.long_prompt)]
             trace.append({"phase": "kv", "cycle": cycle, "lora": loras[i % args.kv_adapters],
                           "prompt": prompt, "max_tokens": args.long_output})  # fmt: skip
     return trace
 
 
-def serve(engine: LLMEngine, trace: list[dict], concurrency: int) -> list[dict]:
-    """The trace in a closed loop, phase after phase (a phase starts when the last ended)."""
+def submit(engine: LLMEngine, trace: list[dict], i: int) -> None:
+    item = trace[i]
+    params = SamplingParams(temperature=0, max_tokens=item["max_tokens"], ignore_eos=True)
+    request = EngineRequest(
+        str(i), prompt_token_ids=item["prompt"], sampling_params=params, lora_request=item["lora"]
+    )
+    engine.add_request(request)
+
+
+def step(engine: LLMEngine, records: list[dict], in_flight: set[int]) -> None:
+    """One engine step (or a short wait for an adapter load); outputs into `records`."""
+    outputs = engine.step()
+    if not outputs:
+        engine.wait_for_load(0.01)
+    now = time.perf_counter()
+    for out in outputs:
+        assert out.error is None, out.error
+        record = records[int(out.request_id)]
+        record.setdefault("first", now)
+        record["tokens"], record["done"] = out.completion_tokens, now
+        if out.finished:
+            in_flight.discard(int(out.request_id))
+
+
+def phase_bounds(trace: list[dict]) -> list[tuple[int, int]]:
+    starts = [0] + [i for i in range(1, len(trace)) if trace[i]["phase"] != trace[i - 1]["phase"]]
+    return list(zip(starts, [*starts[1:], len(trace)], strict=True))
+
+
+def serve_closed(engine: LLMEngine, trace: list[dict], concurrency: dict[str, int]) -> list[dict]:
+    """The trace in closed loops, phase after phase (a phase starts when the last ended)."""
     records: list[dict] = [{} for _ in trace]
-    phases = [i for i in range(1, len(trace)) if trace[i]["phase"] != trace[i - 1]["phase"]]
-    for start, end in zip([0, *phases], [*phases, len(trace)], strict=True):
+    for start, end in phase_bounds(trace):
+        limit = concurrency[trace[start]["phase"]]
         pending, in_flight = deque(range(start, end)), set[int]()
         while pending or in_flight:
-            while pending and len(in_flight) < concurrency:
+            while pending and len(in_flight) < limit:
                 i = pending.popleft()
-                item = trace[i]
-                params = SamplingParams(temperature=0, max_tokens=item["max_tokens"],
-                                        ignore_eos=True)  # fmt: skip
                 records[i] = {"arrival": time.perf_counter()}
-                engine.add_request(EngineRequest(str(i), prompt_token_ids=item["prompt"],
-                                                 sampling_params=params,
-                                                 lora_request=item["lora"]))  # fmt: skip
+                submit(engine, trace, i)
                 in_flight.add(i)
-            outputs = engine.step()
-            if not outputs:
-                engine.wait_for_load(0.01)
-            now = time.perf_counter()
-            for out in outputs:
-                assert out.error is None, out.error
-                record = records[int(out.request_id)]
-                record.setdefault("first", now)
-                record["tokens"], record["done"] = out.completion_tokens, now
-                if out.finished:
-                    in_flight.discard(int(out.request_id))
+            step(engine, records, in_flight)
         print(f"  {trace[start]['phase']} phase done", file=sys.stderr, flush=True)
     return records
 
 
+def serve_open(engine: LLMEngine, trace: list[dict], arrivals: list[float]) -> list[dict]:
+    """Each request submitted at its arrival (seconds from the start), whatever the engine
+    is doing; its TTFT counts from that arrival, also when a step under way delays it."""
+    records: list[dict] = [{"arrival": 0.0} for _ in trace]
+    start = time.perf_counter()
+    due, in_flight = deque(range(len(trace))), set[int]()
+    while due or in_flight:
+        now = time.perf_counter() - start
+        while due and arrivals[due[0]] <= now:
+            i = due.popleft()
+            records[i]["arrival"] = start + arrivals[i]
+            submit(engine, trace, i)
+            in_flight.add(i)
+        if in_flight:
+            step(engine, records, in_flight)
+        else:
+            time.sleep(min(arrivals[due[0]] - now, 0.05))
+    return records
+
+
+def poisson_arrivals(trace: list[dict], rates: dict[str, float], seed: int) -> list[float]:
+    """Arrival times: each phase's requests at its rate (exponential gaps), phases back to back."""
+    rng = random.Random(seed)
+    arrivals, t = [], 0.0
+    for item in trace:
+        t += rng.expovariate(rates[item["phase"]])
+        arrivals.append(t)
+    return arrivals
+
+
+def calibrate(trace: list[dict], records: list[dict]) -> dict[str, float]:
+    """Requests per second each phase sustained in a closed-loop run (its first cycle)."""
+    rates = {}
+    for name in PHASES:
+        part = [r for t, r in zip(trace, records, strict=True)
+                if t["cycle"] == 0 and t["phase"] == name]  # fmt: skip
+        rates[name] = len(part) / (max(r["done"] for r in part) - min(r["arrival"] for r in part))
+    return rates
+
+
 def figures(trace, records, phase: str | None) -> dict:
-    rows = [r for t, r in zip(trace, records, strict=True) if phase in (None, t["phase"])]
-    seconds = max(r["done"] for r in rows) - min(r["arrival"] for r in rows)
-    ttft = [r["first"] - r["arrival"] for r in rows]
-    if phase is None:  # the whole trace: the phases' own spans, not the gaps between runs
+    """Tokens/s from first arrival to last completion (per phase: summed over its cycles,
+    not the time between them) and TTFT percentiles; phase None: the whole trace."""
+    rows = [(t, r) for t, r in zip(trace, records, strict=True) if phase in (None, t["phase"])]
+    ttft = [r["first"] - r["arrival"] for _, r in rows]
+    tokens = sum(r["tokens"] for _, r in rows)
+    if phase is None:
+        seconds = max(r["done"] for _, r in rows) - min(r["arrival"] for _, r in rows)
+    else:
         seconds = 0.0
-        for cycle in sorted({t["cycle"] for t in trace}):
-            for name in ("adapters", "kv"):
-                part = [r for t, r in zip(trace, records, strict=True)
-                        if t["cycle"] == cycle and t["phase"] == name]  # fmt: skip
-                seconds += max(r["done"] for r in part) - min(r["arrival"] for r in part)
+        for cycle in sorted({t["cycle"] for t, _ in rows}):
+            part = [r for t, r in rows if t["cycle"] == cycle]
+            seconds += max(r["done"] for r in part) - min(r["arrival"] for r in part)
     return {
-        "tok_s": round(sum(r["tokens"] for r in rows) / seconds, 1),
+        "tok_s": round(tokens / seconds, 2),
         "ttft_p50_s": round(percentile(ttft, 50), 3),
         "ttft_p99_s": round(percentile(ttft, 99), 3),
     }
 
 
-def engine_config(args, base, split: str) -> dict:
+def engine_config(args, base, split: str, budget: int | None) -> dict:
     return {"model": base, "device": "cpu", "dtype": "float32", "enable_lora": True,
-            "kv_cache_bytes": args.kv_cache_mib << 20, "max_cpu_loras": args.max_cpu_loras,
+            "kv_cache_bytes": budget, "max_cpu_loras": args.max_cpu_loras,
             "max_loras": None if split == POOL else int(split),
-            "max_num_seqs": args.concurrency}  # fmt: skip
+            "reserve_lora_slots": split != POOL,
+            "max_num_seqs": max(args.adapter_concurrency, args.kv_concurrency)}  # fmt: skip
+
+
+def kv_phase_budget(config: EngineConfig, kv_adapters: int, sequences: int, tokens: int) -> int:
+    """The budget whose pool holds `sequences` of `tokens` tokens, whole, beside the slots
+    of `kv_adapters` adapters and one spare page (and the decode graphs' padding page), plus
+    what the LoRA slots keep outside the pool (scratch, extras arena): the engine's own
+    arithmetic on the model's shapes, no weights loaded."""
+    assert config.max_model_len is not None  # resolved by EngineConfig
+    model = meta_model(config.model_config, config.torch_dtype, 1, config.max_model_len)
+    page = config.kv_block_bytes
+    row = slot_layout(model, config.max_lora_rank).numel * config.torch_dtype.itemsize
+    assert config.max_num_batched_tokens is not None  # resolved by EngineConfig
+    outside = reserved_nbytes(
+        model, config.max_loras, config.max_lora_rank,
+        max(config.max_num_batched_tokens, config.max_num_seqs),
+        extra_bytes=config.lora_extra_bytes, max_saved_params=config.max_saved_module_params,
+    )  # fmt: skip
+    graphs = str(config.device).startswith("cuda") and not config.enforce_eager
+    per_sequence = -(-tokens // config.block_size)
+    pages = sequences * per_sequence + kv_adapters * pages_per_slot(row, page) + 1 + graphs
+    return outside + pages * page
+
+
+def ratios(pool: dict, fixed: dict) -> dict:
+    return {
+        "throughput": round(pool["whole"]["tok_s"] / fixed["whole"]["tok_s"], 3),
+        "ttft_p99": round(pool["whole"]["ttft_p99_s"] / fixed["whole"]["ttft_p99_s"], 3),
+        **{
+            f"{phase}_{what}": round(pool[phase][key] / fixed[phase][key], 3)
+            for phase in PHASES
+            for what, key in (("throughput", "tok_s"), ("ttft_p99", "ttft_p99_s"))
+        },
+    }
+
+
+def fastest(fixed: dict, phase: str) -> str:
+    return max(fixed, key=lambda name: fixed[name][phase]["tok_s"])
+
+
+def compare(results: dict) -> dict:
+    pool = results[POOL]
+    fixed = {name: r for name, r in results.items() if name != POOL}
+    vs = {name: ratios(pool, r) for name, r in fixed.items()}
+    better = fastest(fixed, "whole")
+    met = vs[better]["throughput"] >= GOAL_THROUGHPUT or vs[better]["ttft_p99"] <= GOAL_TTFT_P99
+    return {
+        "vs": vs,
+        "better_fixed_split": better,
+        "throughput_vs_better_fixed": vs[better]["throughput"],
+        "ttft_p99_vs_better_fixed": vs[better]["ttft_p99"],
+        "throughput_vs_default": vs[DEFAULT_SPLIT]["throughput"] if DEFAULT_SPLIT in vs else None,
+        "ttft_p99_vs_default": vs[DEFAULT_SPLIT]["ttft_p99"] if DEFAULT_SPLIT in vs else None,
+        **{f"{phase}_phase_best_fixed": fastest(fixed, phase) for phase in PHASES},
+        "goal_met": met,
+        "goal_met_vs_every_split": all(
+            r["throughput"] >= GOAL_THROUGHPUT or r["ttft_p99"] <= GOAL_TTFT_P99
+            for r in vs.values()
+        ),
+    }
+
+
+def run_engine(engine: LLMEngine, args, trace: list[dict], arrivals=None) -> dict:
+    """The engine through the trace (closed loop, or open at `arrivals` when given), then
+    closed; its figures, and the records they came from."""
+    try:
+        engine.generate([trace[0]["prompt"]], SamplingParams(temperature=0, max_tokens=2))
+        if arrivals is None:
+            concurrency = {"adapters": args.adapter_concurrency, "kv": args.kv_concurrency}
+            records = serve_closed(engine, trace, concurrency)
+        else:
+            records = serve_open(engine, trace, arrivals)
+        stats = engine.stats()
+    finally:
+        engine.close()
+    lora = stats["lora"]
+    return {
+        "whole": figures(trace, records, None),
+        **{phase: figures(trace, records, phase) for phase in PHASES},
+        "slots": lora["slots_total"],
+        "pages": stats["pool"]["pages"],
+        "lora": {key: lora.get(key) for key in ("loads", "evictions", "hits", "lookups")},
+        "pool": {key: stats["pool"][key] for key in ("resizes", "evictions", "blocks_moved")},
+        "preemptions": stats["preemptions"],
+        "records": records,
+    }
 
 
 def main():
     parser = bench_parser(
-        __doc__, kv_cache_mib=768, adapters=64, kv_adapters=4, zipf=1.1, cycles=2,
-        phase_requests=32, concurrency=16, short_output=16, long_prompt=1024, long_output=128,
-        max_cpu_loras=16, seed=0,
+        __doc__, kv_cache_mib=0, adapters=64, kv_adapters=4, zipf=1.1, cycles=2,
+        adapter_requests=96, adapter_concurrency=32, short_output=32,
+        kv_requests=8, kv_concurrency=4, long_prompt=4096, long_output=256,
+        max_cpu_loras=64, seed=0,
     )  # fmt: skip
-    parser.add_argument("--splits", default="4,1,32", help="fixed max_loras values to compare")
+    parser.add_argument("--splits", default="4,8,16", help="fixed max_loras values to compare")
+    parser.add_argument(
+        "--load", type=float, default=0.0, help="Poisson arrivals at this share of the pool's rates"
+    )
     args = parser.parse_args()
     base = model_dir(args.model)
     loras = [LoRARequest(f"adapter-{i}", f"bench-{i}", str(f))
              for i, f in enumerate(make_adapters(base, args.adapters))]  # fmt: skip
-    splits = [POOL, *args.splits.split(",")]
-    results, trace, skipped = {}, None, {}
-    for split in splits:
+    config = EngineConfig(**engine_config(args, base, POOL, None))
+    budget = args.kv_cache_mib << 20 or kv_phase_budget(
+        config, args.kv_adapters, args.kv_concurrency, args.long_prompt + args.long_output
+    )
+    short = chat_prompts(Tokenizer.from_folder(base), 16)
+    trace = make_trace(args, loras, short, config.model_config.vocab_size)
+    arrivals, calibration = None, None
+    if args.load:
+        first = [t for t in trace if t["cycle"] == 0]
+        engine = LLMEngine(**engine_config(args, base, POOL, budget))
+        records = run_engine(engine, args, first)["records"]
+        calibration = {name: rate * args.load for name, rate in calibrate(first, records).items()}
+        arrivals = poisson_arrivals(trace, calibration, args.seed)
+        print("arrival rates (requests/s):", calibration, flush=True)
+
+    results, skipped = {}, {}
+    for split in [POOL, *args.splits.split(",")]:
         name = split if split == POOL else f"fixed-{split}"
         try:
-            engine = LLMEngine(**engine_config(args, base, split))
+            engine = LLMEngine(**engine_config(args, base, split, budget))
         except ConfigError as error:  # a split the budget cannot hold: reported, not fatal
             print(name, "does not fit:", error, file=sys.stderr, flush=True)
             skipped[name] = str(error)
             continue
-        if trace is None:
-            trace = make_trace(args, loras, engine.tokenizer, engine.config.model_config.vocab_size)
-        engine.generate([trace[0]["prompt"]], SamplingParams(temperature=0, max_tokens=2))
-        records = serve(engine, trace, args.concurrency)
-        stats = engine.stats()
-        engine.close()
-        results[name] = {
-            "whole": figures(trace, records, None),
-            "adapters": figures(trace, records, "adapters"),
-            "kv": figures(trace, records, "kv"),
-            "lora": {
-                key: stats["lora"].get(key) for key in ("loads", "evictions", "hits", "lookups")
-            },  # fmt: skip
-            "pool": stats.get("pool"),
-        }
+        results[name] = run_engine(engine, args, trace, arrivals)
+        del results[name]["records"]
         print(name, results[name]["whole"], flush=True)
-    fixed = {name: r for name, r in results.items() if name != POOL}
-    pool = results[POOL]
-    best_whole = max(fixed, key=lambda name: fixed[name]["whole"]["tok_s"])
-    comparison = {
-        "better_fixed_split": best_whole,
-        "throughput_vs_better_fixed": round(
-            pool["whole"]["tok_s"] / fixed[best_whole]["whole"]["tok_s"], 3
-        ),
-        "ttft_p99_vs_better_fixed": round(
-            pool["whole"]["ttft_p99_s"] / fixed[best_whole]["whole"]["ttft_p99_s"], 3
-        ),
-        "throughput_vs_default_4": round(
-            pool["whole"]["tok_s"] / fixed["fixed-4"]["whole"]["tok_s"], 3
-        )
-        if "fixed-4" in fixed
-        else None,
-    }
-    for phase in ("adapters", "kv"):
-        best = max(fixed, key=lambda name, p=phase: fixed[name][p]["tok_s"])
-        comparison[f"{phase}_phase_best_fixed"] = best
-        comparison[f"{phase}_phase_throughput_vs_best_fixed"] = round(
-            pool[phase]["tok_s"] / fixed[best][phase]["tok_s"], 3
-        )
-        comparison[f"{phase}_phase_ttft_p99_vs_best_fixed"] = round(
-            pool[phase]["ttft_p99_s"] / fixed[best][phase]["ttft_p99_s"], 3
-        )
     out = {
         "model": base.name,
+        "budget_bytes": budget,
+        "arrivals": "closed loop" if arrivals is None else "poisson",
+        "load": args.load or None,
+        "arrival_rates": calibration,
         "workload": {key: getattr(args, key) for key in (
-            "kv_cache_mib", "adapters", "kv_adapters", "zipf", "cycles", "phase_requests",
-            "concurrency", "short_output", "long_prompt", "long_output", "max_cpu_loras")},
+            "adapters", "kv_adapters", "zipf", "cycles", "adapter_requests",
+            "adapter_concurrency", "short_output", "kv_requests", "kv_concurrency",
+            "long_prompt", "long_output", "max_cpu_loras")},
         "engines": results,
         "splits_that_do_not_fit": skipped,
-        "comparison": comparison,
+        "comparison": compare(results),
     }  # fmt: skip
     print(json.dumps(out))
 

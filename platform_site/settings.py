@@ -332,6 +332,8 @@ ENGINE_OPTIONS = {
     "gpu_memory_utilization": env.float("LORAPLEX_GPU_MEMORY_UTILIZATION", default=0.9),
     # unset: the memory pool decides the slot count (inference/engine/memory_pool.py)
     "max_loras": env.int("LORAPLEX_MAX_LORAS", default=None),
+    # a fixed split instead: the max_loras slots keep their pages whether adapters use them
+    "reserve_lora_slots": env.bool("LORAPLEX_RESERVE_LORA_SLOTS", default=False),
     "max_cpu_loras": env.int("LORAPLEX_MAX_CPU_LORAS", default=32),
     "max_lora_rank": MAX_LORA_RANK,
     "max_saved_module_params": MAX_SAVED_MODULE_PARAMS,

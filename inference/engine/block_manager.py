@@ -93,6 +93,7 @@ class BlockManager:
         sliding_window: int | None = None,
         longrope_original: int | None = None,
         layout: PoolLayout | None = None,
+        reserve_slots: bool = False,
     ):
         self.layout = layout if layout is not None else PoolLayout(num_blocks, 0, 0)
         assert self.layout.num_pages == num_blocks
@@ -110,6 +111,13 @@ class BlockManager:
         self.by_hash: dict[bytes, int] = {}
         self.stats = BlockManagerStats()
         self.lent: dict[int, range] = {}  # slot -> its group's pages, lent to its adapter
+        # a fixed split: every slot group is its slot's from the start and never a KV block
+        self.slots_reserved = reserve_slots
+        if reserve_slots:
+            for slot in range(self.layout.num_slots):
+                self.lent[slot] = self.layout.slot_pages(slot)
+                for page in self.lent[slot]:
+                    self.free_blocks.remove(page)
         self.lender: PageLender | None = None
         self.holders: dict[int, Sequence] = {}  # id -> sequences holding blocks
         self.pages_moved = 0  # blocks moved out of a slot group for an adapter
@@ -131,7 +139,9 @@ class BlockManager:
 
     def max_seq_blocks(self, with_adapter: bool = False) -> int:
         """The most blocks one sequence can ever hold: the whole pool, less its adapter's
-        slot group when it has one."""
+        slot group when it has one (less every group when the slots are reserved)."""
+        if self.slots_reserved:
+            return self.num_blocks - self.num_lent_pages
         return self.num_blocks - (self.layout.pages_per_slot if with_adapter else 0)
 
     @property
@@ -356,7 +366,10 @@ class BlockManager:
         return dst
 
     def give_back(self, slot: int) -> None:
-        """An adapter left its slot: the group's pages are plain free blocks again."""
+        """An adapter left its slot: the group's pages are plain free blocks again (reserved
+        slots keep theirs)."""
+        if self.slots_reserved:
+            return
         for page in self.lent.pop(slot):
             self.free_blocks.append(page)
 

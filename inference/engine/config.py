@@ -80,6 +80,10 @@ class EngineConfig:
     # max_cpu_loras)
     enable_lora: bool = False
     max_loras: int | None = None
+    # True: the max_loras slots' pages belong to the adapters from the start and never
+    # serve as KV blocks: the fixed split of engines before the pool (vLLM's), a KV capacity
+    # that never moves, paid for with the memory of every slot no adapter uses
+    reserve_lora_slots: bool = False
     max_cpu_loras: int | None = None  # default: max(4 * max_loras, 16), 32 without max_loras
     max_lora_rank: int = 16
     # an adapter's whole embed_tokens / lm_head copy (modules_to_save) is served up to this
@@ -193,6 +197,15 @@ class EngineConfig:
         if not isinstance(self.deterministic_kernels, bool):
             raise ConfigError(
                 f"deterministic_kernels must be true or false, got {self.deterministic_kernels!r}"
+            )
+        if not isinstance(self.reserve_lora_slots, bool):
+            raise ConfigError(
+                f"reserve_lora_slots must be true or false, got {self.reserve_lora_slots!r}"
+            )
+        if self.reserve_lora_slots and self.enable_lora and self.max_loras is None:
+            raise ConfigError(
+                "reserve_lora_slots needs max_loras: the split it keeps is max_loras slots "
+                "(unset, the pool sizes the slots by demand instead)"
             )
         if self.max_cpu_loras is None:
             self.max_cpu_loras = default_max_cpu_loras(self.max_loras)

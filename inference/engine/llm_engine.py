@@ -68,6 +68,7 @@ class LLMEngine:
             sliding_window=mc.uniform_window,
             longrope_original=mc.longrope_original,
             layout=self.model_runner.pool,
+            reserve_slots=self.config.reserve_lora_slots,
         )
         self.metrics = EngineMetrics()
         self.lora_manager = make_lora_manager(

@@ -148,6 +148,7 @@ class ModelRunner:
             "max_num_batched_tokens": self.max_num_batched_tokens,
             # "": LoRA on, the slot count left to the pool; 0: LoRA off
             "max_loras": ("" if c.max_loras is None else c.max_loras) if c.enable_lora else 0,
+            "reserve_lora_slots": c.reserve_lora_slots,
             "max_cpu_loras": c.max_cpu_loras or 0,
             "max_lora_rank": c.max_lora_rank,
             "kv_cache_bytes": c.kv_cache_bytes or 0,  # 0: unset, sized from memory

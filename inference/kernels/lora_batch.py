@@ -16,6 +16,9 @@ import torch
 from inference.kernels.backend import check_backend, select_backend
 
 PATHS = ("sgmv", "bgmv")
+# The padded layout (the torch backend's bmm over segments padded to the longest) is worth
+# its wasted rows while they stay within twice the real ones, or this many rows in all.
+PADDED_MIN_ROWS = 256
 # Mean tokens per active slot from which the segment kernels (SGMV) beat the per-token ones
 # (BGMV): below it, most rows of a tl.dot tile would be padding. Decode with one request per
 # adapter has a mean of 1; prefill has hundreds.
@@ -49,13 +52,65 @@ class LoRABatch:
     def device(self) -> torch.device:
         return self.token_slots.device
 
+    @property
+    def min_slot(self) -> int:
+        """The lowest slot used (segments go by slot), -1 if none."""
+        return self.segments[0][0] if self.segments else -1
+
+    @property
+    def slot_span(self) -> int:
+        """Slots from the lowest used to the highest, both included."""
+        return self.max_slot - self.min_slot + 1 if self.segments else 0
+
     @functools.cached_property
     def slot_rows(self) -> torch.Tensor:
-        """[T_active] row of each sorted token when every slot, not only the active ones, is a
-        padded group: slot * max_seg_len + position in its segment. Computed once per batch
-        (a step), though every layer of the model reads it."""
+        """[T_active] row of each sorted token when every slot of the span (min_slot to
+        max_slot), not only the active ones, is a padded group: (slot - min_slot) *
+        max_seg_len + position in its segment. Computed once per batch (a step), though every
+        layer of the model reads it."""
         m = self.max_seg_len
-        return self.seg_slots.index_select(0, self.padded_rows // m) * m + self.padded_rows % m
+        slots = self.seg_slots.index_select(0, self.padded_rows // m) - self.min_slot
+        return slots * m + self.padded_rows % m
+
+    def pads_well(self) -> bool:
+        """Whether padding every segment to the longest stays within PADDED_MIN_ROWS rows
+        or twice the real ones (a single segment needs no padding at all)."""
+        padded, real = self.num_segments * self.max_seg_len, self.padded_rows.numel()
+        return self.num_segments > 1 and padded <= max(PADDED_MIN_ROWS, 2 * real)
+
+    @functools.cached_property
+    def padding_groups(self) -> tuple["LoRABatch", ...]:
+        """The batch as sub-batches of segments of similar length, each padding well (or a
+        single segment): with Zipf-like traffic one adapter has many tokens and many have
+        one, and padding all to the longest wastes more than it saves, while a product per
+        segment pays a dozen ops per adapter in every layer. Segments are taken shortest
+        first; a group closes when the next one would pad it badly. Each sub-batch has the
+        same tokens, the others' marked -1. Computed once per batch (a step)."""
+        groups: list[list[int]] = [[]]
+        rows = 0
+        for i in sorted(range(self.num_segments), key=lambda i: self.segments[i][2]):
+            length = self.segments[i][2]
+            size = len(groups[-1]) + 1
+            if size > 1 and size * length > max(PADDED_MIN_ROWS, 2 * (rows + length)):
+                groups.append([])
+                rows = 0
+            groups[-1].append(i)
+            rows += length
+        if len(groups) == 1:
+            return (self,)
+        host, ids = self.token_slots.to("cpu"), self.sorted_token_ids.to("cpu")
+        parts = []
+        for group in groups:
+            keep = torch.cat(
+                [ids[start : start + n] for _, start, n in map(self.segments.__getitem__, group)]
+            )
+            masked = torch.full_like(host, -1)
+            masked[keep] = host[keep]
+            segments = _segments(masked)
+            parts.append(
+                _upload(masked, segments, self.device, self.path, self.backend, self.deterministic)
+            )
+        return tuple(parts)
 
     @functools.cached_property
     def token_padded_rows(self) -> torch.Tensor:

@@ -7,52 +7,67 @@ once, as the Triton kernels do):
   of ops, where a loop pays per-op overhead per adapter for a few tokens each.
 Padding wins when several adapters share a batch evenly (with one adapter the two are the
 same code) and wastes work when one long prefill shares the batch with short decodes, so it
-is used only while the padded rows stay within twice the real ones (or a small floor,
-PADDED_MIN_ROWS). Two other layouts lost to both on a CPU and are gone: a bmm over each
-token's own gathered A/B (it copies R*in weights per token), and one product against all
-slots' A stacked as [S*R, in] (S times the work, B copied per call).
+is used only while the padded rows stay within twice the real ones (or a floor,
+PADDED_MIN_ROWS, below which padded rows cost less than ops). A batch that pads badly as a
+whole (Zipf traffic: one adapter with many tokens, many with one, or a prefill beside
+decodes) runs as a few groups of segments of similar length, each padded on its own
+(`LoRABatch.padding_groups`), rather than one product pair per segment. Two other layouts
+lost to both on a CPU and are gone: a bmm over each token's own gathered A/B (it copies
+R*in weights per token), and one product against all slots' A stacked as [S*R, in] (S
+times the work, B copied per call).
 
 `add_lora` runs both halves in one pass: with padding, the low-rank products stay in the
 padded layout between shrink and expand instead of going back to token order and out again,
 a round trip that cost much of the engine's LoRA time per decode step.
 
 Padded groups are either the active segments, with their slots' weights gathered (copied)
-for the bmm, or every slot of the stack, read in place, inactive slots' rows left zero.
-Gathering copies the active adapters' weights each call, read, written and read again: in
-the engine as much time as the base model's own matmuls. Reading the stacks in place reads
-each slot once, so it wins once a third of the slots are active (FULL_STACK_MIN_SHARE); it
-needs fp32 stacks (an upcast would copy them all).
+for the bmm, or every slot from the batch's lowest to its highest, read in place, inactive
+slots' rows left zero. Gathering copies the active adapters' weights each call, read,
+written and read again: in the engine as much time as the base model's own matmuls. Reading
+the stacks in place reads each slot of the span once, so it wins once a third of them are
+active (FULL_STACK_MIN_SHARE); it needs fp32 stacks (an upcast would copy them all). The
+slot allocator fills the lowest free slots first, so the adapters of a batch tend to sit
+close together even when the pool holds many slots.
 """
 
 import torch
 
-from inference.kernels.lora_batch import LoRABatch
+from inference.kernels.lora_batch import PADDED_MIN_ROWS, LoRABatch
 
-PADDED_MIN_ROWS = 64
 FULL_STACK_MIN_SHARE = 1 / 3
 CAT_MAX_ELEMENTS = 1 << 16  # add_lora joins the slices' deltas up to this size, then writes once
 
 
 def _use_padding(batch: LoRABatch) -> bool:
-    padded, real = batch.num_segments * batch.max_seg_len, batch.padded_rows.numel()
-    return batch.num_segments > 1 and padded <= max(PADDED_MIN_ROWS, 2 * real)
+    return batch.pads_well()
+
+
+def _padding_groups(batch: LoRABatch) -> tuple[LoRABatch, ...]:
+    return batch.padding_groups
 
 
 def _full_stack(batch: LoRABatch, weights: list[torch.Tensor]) -> bool:
-    """Whether the padded groups are all slots, the stacks read in place (see above). The
-    padding rule applies to all slots' rows too, so long prefills keep the gathered path."""
-    num_slots = weights[0].shape[0]
+    """Whether the padded groups are the slots from the batch's lowest to its highest, the
+    stacks read in place there (see above). The padding rule applies to those slots' rows
+    too, so long prefills keep the gathered path."""
     return (
         weights[0].dtype == torch.float32
-        and batch.num_segments >= FULL_STACK_MIN_SHARE * num_slots
-        and num_slots * batch.max_seg_len <= max(PADDED_MIN_ROWS, 2 * batch.padded_rows.numel())
+        and batch.num_segments >= FULL_STACK_MIN_SHARE * batch.slot_span
+        and batch.slot_span * batch.max_seg_len
+        <= max(PADDED_MIN_ROWS, 2 * batch.padded_rows.numel())
     )
+
+
+def _in_place(batch: LoRABatch, stack: torch.Tensor) -> torch.Tensor:
+    """The slots a full-stack product reads: lowest to highest of the batch's, a view."""
+    return stack[batch.min_slot : batch.max_slot + 1]
 
 
 def _padded_rows(batch: LoRABatch, full: bool) -> tuple[torch.Tensor | None, torch.Tensor]:
     """(tokens, rows): tokens with an adapter (None: all of them, in order) and each one's row
     in the padded [groups * max_seg_len] layout, group = its segment or, with the full stack,
-    its slot. With every token active the tokens need no gather or scatter of their own."""
+    its slot's place in the span read. With every token active the tokens need no gather or
+    scatter of their own."""
     if batch.padded_rows.numel() == batch.num_tokens:
         return None, batch.token_slot_rows if full else batch.token_padded_rows
     return batch.sorted_token_ids, batch.slot_rows if full else batch.padded_rows
@@ -63,7 +78,7 @@ def _padded_layout(
 ) -> tuple[bool, int, torch.Tensor | None, torch.Tensor]:
     """(full stack?, number of groups, tokens, rows) of the padded layout (see _padded_rows)."""
     full = _full_stack(batch, weights)
-    groups = weights[0].shape[0] if full else batch.num_segments
+    groups = batch.slot_span if full else batch.num_segments
     return full, groups, *_padded_rows(batch, full)
 
 
@@ -103,7 +118,12 @@ def lora_shrink(
         m = batch.max_seg_len
         xp = _pad_tokens(x, rows, padded, g, m)
         if full:  # one bmm per slice against the stack itself
-            yp = torch.stack([torch.bmm(xp, w.transpose(1, 2)).view(g * m, rank) for w in lora_a])
+            yp = torch.stack(
+                [
+                    torch.bmm(xp, _in_place(batch, w).transpose(1, 2)).view(g * m, rank)
+                    for w in lora_a
+                ]
+            )
             ys = yp.index_select(1, padded)
         else:  # all slices share x: one product against their A's stacked along the rank
             a = torch.cat([w.index_select(0, batch.seg_slots) for w in lora_a], dim=1).float()
@@ -144,11 +164,13 @@ def lora_expand(
         n, rank = y.shape[0], y.shape[2]
         yp = y.new_zeros((n, g * m, rank), dtype=torch.float32)
         yp.index_copy_(1, padded, (y if rows is None else y.index_select(1, rows)).float())
-        group_scales = scales.float() if full else scales.index_select(0, batch.seg_slots).float()
+        group_scales = (
+            _in_place(batch, scales) if full else scales.index_select(0, batch.seg_slots)
+        ).float()
         yp = yp.view(n, g, m, rank) * group_scales.view(1, g, 1, 1)
         deltas = []
         for i, b in enumerate(lora_b):
-            bs = b if full else b.index_select(0, batch.seg_slots).float()
+            bs = _in_place(batch, b) if full else b.index_select(0, batch.seg_slots).float()
             deltas.append(torch.bmm(yp[i], bs.transpose(1, 2)).view(g * m, -1))
         # one write of all slices into `out` (a row scatter into a column slice is slow)
         delta = deltas[0] if n == 1 else torch.cat(deltas, dim=1)
@@ -176,17 +198,26 @@ def add_lora(
     the products stay padded between the halves (fp32, as in `y`); otherwise it is
     lora_shrink into the scratch `y`, then lora_expand."""
     if not _use_padding(batch):
+        groups = _padding_groups(batch)
+        if len(groups) > 1:  # segments of very different lengths: each group padded apart
+            for group in groups:
+                add_lora(out, x, lora_a, lora_b, scales, group, y)
+            return
         lora_shrink(x, lora_a, batch, y)
         lora_expand(y, lora_b, scales, batch, out, True)
         return
     full, g, rows, padded = _padded_layout(batch, lora_a)
     m = batch.max_seg_len
     xp = _pad_tokens(x, rows, padded, g, m)
-    group_scales = scales.float() if full else scales.index_select(0, batch.seg_slots).float()
+    group_scales = (
+        _in_place(batch, scales) if full else scales.index_select(0, batch.seg_slots)
+    ).float()
     group_scales = group_scales.view(g, 1, 1)
     deltas = []
     for a, b in zip(lora_a, lora_b, strict=True):
-        if not full:
+        if full:
+            a, b = _in_place(batch, a), _in_place(batch, b)
+        else:
             a = a.index_select(0, batch.seg_slots).float()
             b = b.index_select(0, batch.seg_slots).float()
         products = torch.bmm(xp, a.transpose(1, 2)) * group_scales

@@ -15,7 +15,14 @@ ROOT = Path(__file__).resolve().parents[2]
 SUITE = ROOT / "bench" / "gpu_suite.py"
 sys.path.insert(0, str(ROOT / "bench"))
 
-from gpu_suite_plan import SECTIONS, TOTAL_S, plan, planned_total, unavailable  # noqa: E402
+from gpu_suite_plan import (  # noqa: E402
+    ON_REQUEST,
+    SECTIONS,
+    TOTAL_S,
+    plan,
+    planned_total,
+    unavailable,
+)
 
 NAMES = [s.name for s in SECTIONS]
 UNAVAILABLE = {s.name: unavailable(s) for s in SECTIONS if unavailable(s)}
@@ -171,3 +178,21 @@ def test_sections_named_bring_the_ones_they_need():
         "serving_model",
         "ttft",
     ]
+
+
+def test_the_pool_trace_runs_only_when_named_and_compares_the_pool_with_fixed_splits(tmp_path):
+    """Not part of the default run; named, it brings the served model and runs the pool and
+    the fixed splits through one trace at one budget, each reporting both phases."""
+    assert [s.name for s in ON_REQUEST] == ["pool_trace"] and "pool_trace" not in NAMES
+    done = run_suite("--interpret", "--sections", "pool_trace", "--workdir", str(tmp_path))
+    assert done.returncode == 0, done.stderr[-4000:]
+    report = last_json(done.stdout)
+    assert list(report["sections"]) == ["serving_model", "pool_trace"]
+    trace = report["sections"]["pool_trace"]
+    assert trace["status"] == "ok", trace
+    assert set(trace["engines"]) == {"pool", "fixed-4", "fixed-2"}
+    for name, engine in trace["engines"].items():
+        assert "error" not in engine, (name, engine)
+        assert all(engine[part]["tok_s"] > 0 for part in ("whole", "adapters", "kv"))
+    assert trace["engines"]["fixed-2"]["slots"] == 2
+    assert set(trace["comparison"]["vs"]) == {"fixed-4", "fixed-2"}

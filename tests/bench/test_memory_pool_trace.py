@@ -1,5 +1,6 @@
-"""bench/memory_pool_trace.py runs its whole trace on every engine at tiny sizes and ends with
-one JSON object whose comparisons come from the same run's figures."""
+"""bench/memory_pool_trace.py runs its whole trace on every engine at tiny sizes, in a closed
+loop and with Poisson arrivals, and ends with one JSON object whose comparisons come from the
+same run's figures; its fixed splits keep their slots' pages."""
 
 import json
 import os
@@ -7,14 +8,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_the_trace_runs_on_the_pool_and_the_fixed_splits_and_prints_its_json(tmp_path):
-    args = ["--adapters", "4", "--kv-adapters", "2", "--cycles", "1", "--phase-requests", "4",
-            "--concurrency", "2", "--short-output", "2", "--long-prompt", "48",
-            "--long-output", "4", "--kv-cache-mib", "160", "--max-cpu-loras", "4",
-            "--splits", "2,1"]  # fmt: skip
+@pytest.mark.parametrize("arrivals", [[], ["--load", "0.8"]], ids=["closed", "poisson"])
+def test_the_trace_runs_on_the_pool_and_the_fixed_splits_and_prints_its_json(tmp_path, arrivals):
+    args = ["--adapters", "4", "--kv-adapters", "2", "--cycles", "2", "--adapter-requests", "4",
+            "--adapter-concurrency", "2", "--short-output", "2", "--kv-requests", "2",
+            "--kv-concurrency", "2", "--long-prompt", "48", "--long-output", "4",
+            "--max-cpu-loras", "4", "--splits", "2,1", *arrivals]  # fmt: skip
     env = os.environ | {"LORAPLEX_VAR_DIR": os.environ.get("LORAPLEX_VAR_DIR", str(tmp_path))}
     run = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "memory_pool_trace.py"), *args],
@@ -22,11 +26,18 @@ def test_the_trace_runs_on_the_pool_and_the_fixed_splits_and_prints_its_json(tmp
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
     figures = json.loads(run.stdout.strip().splitlines()[-1])
+    assert figures["arrivals"] == ("poisson" if arrivals else "closed loop")
     assert set(figures["engines"]) == {"pool", "fixed-2", "fixed-1"}
-    for engine in figures["engines"].values():
+    for name, engine in figures["engines"].items():
         for part in ("whole", "adapters", "kv"):
             assert engine[part]["tok_s"] > 0
+        if name != "pool":  # reserved: the slots never lend their pages to the KV side
+            assert engine["slots"] == int(name.removeprefix("fixed-"))
+            assert engine["pool"]["resizes"] == {"kv_to_adapter": 0, "adapter_to_kv": 0}
     comparison = figures["comparison"]
     best = comparison["better_fixed_split"]
     pool, fixed = figures["engines"]["pool"]["whole"], figures["engines"][best]["whole"]
     assert comparison["throughput_vs_better_fixed"] == round(pool["tok_s"] / fixed["tok_s"], 3)
+    assert comparison["vs"][best]["ttft_p99"] == round(pool["ttft_p99_s"] / fixed["ttft_p99_s"], 3)
+    if arrivals:
+        assert set(figures["arrival_rates"]) == {"adapters", "kv"}

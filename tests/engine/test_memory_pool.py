@@ -1,14 +1,15 @@
 """One pool for KV blocks and adapter slots (memory_pool.py): outputs stay those of each
-request alone however the pool is split; a request longer than the KV cache a fixed split
-would leave runs while few adapters are active; adapters arriving take free pages and cached
-prefixes, and move running blocks out of their slot group, never taking them; an adapter in
-use is never evicted; the pages by use add up."""
+request alone however the pool is split, and those of the fixed split (reserved slots); a
+request longer than the KV cache a fixed split leaves runs while few adapters are active;
+adapters arriving take free pages and cached prefixes, and move running blocks out of their
+slot group, never taking them; an adapter in use is never evicted; the pages by use add up."""
 
 from collections.abc import Callable
 
 import pytest
 
 from inference.engine import EngineRequest, LLMEngine, SamplingParams
+from inference.engine.errors import ConfigError
 from tests.engine.lora_fixtures import ALL_LINEAR, lora_engine, request_for
 
 BLOCK = 4
@@ -117,7 +118,7 @@ def test_outputs_under_churn_equal_each_request_alone(lora_model_dir, loras, geo
     _, k = geometry
     engine = pool_engine(lora_model_dir, 3 * k + 24, max_cpu_loras=8)
     assert engine.model_runner.lora_slots.num_slots == 3  # (3k + 23) // k, the pool's choice
-    jobs = [(f"r{i}", prompt(i, 14 + 3 * i), ([None] + NAMES)[i % 6]) for i in range(12)]
+    jobs = churn_jobs()
     results: dict = {}
     for rid, ids, name in jobs[:6]:
         add(engine, rid, ids, loras.get(name))
@@ -242,3 +243,43 @@ def test_the_pool_decides_the_slot_count_without_max_loras(lora_model_dir, geome
     stats = engine.stats()
     assert stats["lora"]["slots_total"] == 2
     assert stats["pool"]["by_use"]["free"] == 2 * k + 3
+
+
+def churn_jobs() -> list[tuple[str, list[int], str | None]]:
+    return [(f"r{i}", prompt(i, 14 + 3 * i), ([None] + NAMES)[i % 6]) for i in range(12)]
+
+
+def test_reserved_slots_are_a_fixed_split_with_the_same_outputs(
+    lora_model_dir, loras, geometry, alone
+):
+    """reserve_lora_slots: the three slots' pages are the adapters' from the start, full or
+    empty; the KV side only ever has the rest (so a sequence can be no longer), nothing is
+    resized, and every output is the one the pool gives (each request's alone)."""
+    _, k = geometry
+    engine = pool_engine(lora_model_dir, 3 * k + 24, max_loras=3, reserve_lora_slots=True)
+    bm = engine.block_manager
+    assert bm.num_free_blocks == 24 and bm.max_seq_blocks() == bm.max_seq_blocks(True) == 24
+    assert engine.max_seq_len == 24 * BLOCK
+    assert engine.stats()["pool"]["by_use"] == {
+        "running_kv": 0, "cached_prefixes": 0, "adapters_in_use": 0,
+        "adapters_idle": 3 * k, "free": 24,
+    }  # fmt: skip
+    results: dict = {}
+    for rid, ids, name in churn_jobs():
+        add(engine, rid, ids, loras.get(name))
+    while engine.has_unfinished():
+        step(engine, results)
+        assert bm.num_lent_pages == 3 * k and bm.num_used_blocks <= 24
+    for rid, ids, name in churn_jobs():
+        assert_same(results[rid], alone(ids, loras.get(name)))
+    pool = engine.stats()["pool"]
+    assert pool["resizes"] == {"kv_to_adapter": 0, "adapter_to_kv": 0}
+    assert pool["evictions"]["adapter_for_kv"] == 0 and pool["blocks_moved"] == 0
+    assert pool["evictions"]["adapter_for_adapter"] > 0  # five adapters through three slots
+
+
+def test_reserved_slots_need_max_loras_and_a_switch(lora_model_dir):
+    with pytest.raises(ConfigError, match="reserve_lora_slots needs max_loras"):
+        lora_engine(lora_model_dir, max_lora_rank=8, reserve_lora_slots=True)
+    with pytest.raises(ConfigError, match="reserve_lora_slots must be true or false"):
+        lora_engine(lora_model_dir, max_loras=2, reserve_lora_slots="yes")

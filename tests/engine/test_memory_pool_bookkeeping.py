@@ -1,7 +1,8 @@
 """The block manager's bookkeeping over the shared pool, under any order of admissions,
 growth, finishes, slot groups lent to adapters and given back: every page is in exactly one
 state (free, cached, held, lent), a sequence's table names only pages it holds and outside
-every lent group, and what a table points at after blocks moved is what was written there."""
+every lent group, and what a table points at after blocks moved is what was written there;
+with the slots reserved, every group stays lent."""
 
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -117,8 +118,24 @@ class PoolBookkeeping(RuleBasedStateMachine):
             assert page not in {p for group in self.bm.lent.values() for p in group}
 
 
+class ReservedPoolBookkeeping(PoolBookkeeping):
+    """The same with the slots reserved (a fixed split): every group stays lent whatever
+    is given back, so no block ever lands in one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bm = BlockManager(PAGES, BLOCK, layout=self.layout, reserve_slots=True)
+
+    @invariant()
+    def every_group_stays_lent(self) -> None:
+        assert self.bm.lent == {s: self.layout.slot_pages(s) for s in range(SLOTS)}
+        assert self.bm.max_seq_blocks(True) == self.bm.max_seq_blocks() == PAGES - 15
+
+
 TestPoolBookkeeping = PoolBookkeeping.TestCase
 TestPoolBookkeeping.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+TestReservedPoolBookkeeping = ReservedPoolBookkeeping.TestCase
+TestReservedPoolBookkeeping.settings = TestPoolBookkeeping.settings
 
 
 def test_free_pages_go_outside_the_groups_first_then_the_highest_group():

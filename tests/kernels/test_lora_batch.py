@@ -62,3 +62,37 @@ def test_an_unknown_path_or_backend_is_refused():
         make_lora_batch(torch.tensor([0]), path="punica")
     with pytest.raises(ValueError, match="not a kernel backend"):
         make_lora_batch(torch.tensor([0]), backend="cuda")
+
+
+def test_a_batch_that_pads_badly_runs_as_groups_of_similar_segments():
+    """A prefill beside decodes: the decodes pad together, the prefills apart; the groups
+    keep every token and its slot, once, and each pads well or is one segment."""
+    slots = torch.cat([torch.full((300,), 0), torch.tensor([1, -1, 2, 2, 3]), torch.full((9,), 4)])
+    batch = make_lora_batch(slots, backend="torch")
+    assert not batch.pads_well()
+    groups = batch.padding_groups
+    assert [sorted(length for _, _, length in g.segments) for g in groups] == [[1, 1, 2, 9], [300]]
+    seen = torch.full_like(slots, -1)
+    for group in groups:
+        assert group.num_tokens == slots.numel()
+        assert group.pads_well() or group.num_segments == 1
+        active = group.token_slots != -1
+        assert (seen[active] == -1).all()  # no token in two groups
+        seen[active] = group.token_slots[active]
+    assert torch.equal(seen, slots)
+
+
+def test_a_batch_that_pads_well_is_its_own_only_group():
+    batch = make_lora_batch(torch.tensor([0, 1, 1, 2, 2, 2, -1]), backend="torch")
+    assert batch.pads_well()
+    (group,) = batch.padding_groups
+    assert group is batch
+
+
+def test_the_slot_span_runs_from_the_lowest_slot_used_to_the_highest():
+    batch = make_lora_batch(torch.tensor([7, -1, 4, 9, 4]), backend="torch")
+    assert (batch.min_slot, batch.max_slot, batch.slot_span) == (4, 9, 6)
+    m = batch.max_seg_len  # 2: slot 4's two tokens
+    assert batch.slot_rows.tolist() == [0, 1, 3 * m, 5 * m]  # by slot: 4, 4, 7, 9
+    empty = make_lora_batch(torch.tensor([-1, -1]), backend="torch")
+    assert (empty.min_slot, empty.slot_span) == (-1, 0)

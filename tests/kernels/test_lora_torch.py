@@ -12,13 +12,17 @@ FULL_STACK = lora_torch._full_stack
 RANKS = [16, 8, 4, 0, 16, 8]  # slot 3 is empty
 
 
-@pytest.fixture(autouse=True, params=["per-segment", "padded-gathered", "padded-full-stack"])
+@pytest.fixture(
+    autouse=True, params=["per-segment", "padded-gathered", "padded-full-stack", "the rules"]
+)
 def strategy(request, monkeypatch):
     """Every test runs every strategy: padding never used, or forced on with the active
-    slots' weights gathered, or with the whole stack read in place (fp32 only)."""
+    slots' weights gathered, or with the whole stack read in place (fp32 only), or chosen by
+    the real rules (padded groups of similar segments where the whole batch pads badly)."""
     if request.param == "per-segment":
         monkeypatch.setattr(lora_torch, "_use_padding", lambda batch: False)
-    else:
+        monkeypatch.setattr(lora_torch, "_padding_groups", lambda batch: (batch,))
+    elif request.param != "the rules":
         monkeypatch.setattr(lora_torch, "_use_padding", lambda batch: batch.num_segments > 0)
         full = request.param == "padded-full-stack"
         monkeypatch.setattr(
@@ -46,8 +50,18 @@ def _run(token_slots, in_features, widths, dtype=torch.float32):
         decode_slots(17, SLOTS),
         torch.full((12,), 0),  # one adapter for the whole batch
         torch.tensor([3, 0, 3, 5, 1, 0]),  # every token has an adapter: no gather or scatter
+        prefill_slots([300, 1, 1, 2, 140, 1], [0, 1, -1, 2, 4, 5]),  # pads badly as a whole
     ],
-    ids=["one-token", "no-adapter", "unsorted", "prefill", "decode", "one-adapter", "all-active"],
+    ids=[
+        "one-token",
+        "no-adapter",
+        "unsorted",
+        "prefill",
+        "decode",
+        "one-adapter",
+        "all-active",
+        "prefills-among-decodes",
+    ],  # fmt: skip
 )
 @pytest.mark.parametrize("widths", [[40], [48, 16, 16], [24, 24]], ids=["o", "qkv", "gate_up"])
 def test_reference_matches_the_per_token_definition(token_slots, widths):
@@ -89,13 +103,15 @@ def test_shrink_writes_each_slice_at_its_rank_padded_to_the_stack():
     assert torch.equal(y[:, 1, 4:], torch.zeros(2, 12))  # rank 4 adapter: padding stays zero
 
 
-def test_full_stack_is_read_in_place_once_a_third_of_the_slots_are_active():
-    weights = [torch.zeros(6, 16, 8)]
+def test_the_stack_is_read_in_place_once_a_third_of_the_slots_between_are_active():
+    """The slots read in place are those from the batch's lowest to its highest."""
+    weights = [torch.zeros(24, 16, 8)]
     assert FULL_STACK(make_lora_batch(torch.tensor([0, 3, 3]), backend="torch"), weights)
-    assert not FULL_STACK(make_lora_batch(torch.tensor([5, 5]), backend="torch"), weights)
+    assert FULL_STACK(make_lora_batch(torch.tensor([20, 22, 21, 20]), backend="torch"), weights)
+    assert not FULL_STACK(make_lora_batch(torch.tensor([0, 23]), backend="torch"), weights)
     half = [w.half() for w in weights]  # an upcast would copy the whole stack
     assert not FULL_STACK(make_lora_batch(torch.tensor([0, 1, 2]), backend="torch"), half)
-    long_prefill = prefill_slots([40, 40], [0, 1])  # 6 slots x 40 rows for 80 real ones
+    long_prefill = prefill_slots([100, 100], [0, 5])  # 6 slots x 100 rows for 200 real ones
     assert not FULL_STACK(make_lora_batch(long_prefill, backend="torch"), weights)
 
 

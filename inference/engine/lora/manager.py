@@ -59,14 +59,17 @@ class LoRAManager:
 
     def pool_pages(self) -> dict[str, int]:
         """Pages lent to adapter slots: those whose adapter is in use (a request runs on it,
-        or it is pinned or being admitted) and those idle adapters could give back."""
+        or it is pinned or being admitted) and the rest: idle adapters' (and, when the slots
+        are reserved, empty slots')."""
         with self.lock:
             allocator = self.allocator
             if allocator.pool is None or allocator.layout is None:
                 return {"adapters_in_use": 0, "adapters_idle": 0}
-            idle = allocator.reclaimable_pages()
-            lent = allocator.pool.num_lent_pages
-            return {"adapters_in_use": lent - idle, "adapters_idle": idle}
+            in_use = allocator.pages_in_use()
+            return {
+                "adapters_in_use": in_use,
+                "adapters_idle": allocator.pool.num_lent_pages - in_use,
+            }
 
     # -- requests (step thread) -------------------------------------------------------------
 

@@ -123,19 +123,29 @@ class SlotAllocator:
             self.pool.give_back(slot)
 
     def reclaimable_pages(self) -> int:
-        """Pages the idle adapters' slots would give the KV side."""
-        if self.pool is None or self.layout is None:
+        """Pages the idle adapters' slots would give the KV side (none when the slots are
+        reserved)."""
+        if self.pool is None or self.layout is None or self.pool.slots_reserved:
             return 0
         k = self.layout.pages_per_slot
         return k * sum(1 for a in map(self.adapters.__getitem__, self.lru) if self._idle(a))
 
     def reclaim_pages(self) -> bool:
         """Evict the idle adapter least worth keeping, so its pages serve KV blocks."""
+        if self.pool is None or self.pool.slots_reserved:
+            return False
         victim = self._idle_victim(lambda a: True)
-        if victim is None or self.pool is None:
+        if victim is None:
             return False
         self._evict_idle(victim, reason="adapter_for_kv")
         return True
+
+    def pages_in_use(self) -> int:
+        """Pages of the slots whose adapter is in use (running, being admitted, pinned)."""
+        if self.layout is None:
+            return 0
+        in_use = sum(1 for a in map(self.adapters.__getitem__, self.lru) if not self._idle(a))
+        return self.layout.pages_per_slot * in_use
 
     def _idle(self, entry: AdapterEntry) -> bool:
         """Evictable: no running request uses it, none is being admitted with it, unpinned."""
