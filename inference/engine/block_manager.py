@@ -137,12 +137,13 @@ class BlockManager:
     def num_lent_pages(self) -> int:
         return sum(len(pages) for pages in self.lent.values())
 
-    def max_seq_blocks(self, with_adapter: bool = False) -> int:
+    def max_seq_blocks(self, with_adapter: bool = False, pinned: int = 0) -> int:
         """The most blocks one sequence can ever hold: the whole pool, less its adapter's
-        slot group when it has one (less every group when the slots are reserved)."""
+        slot group when it has one and the groups `pinned` adapters keep (less every group
+        when the slots are reserved)."""
         if self.slots_reserved:
             return self.num_blocks - self.num_lent_pages
-        return self.num_blocks - (self.layout.pages_per_slot if with_adapter else 0)
+        return self.num_blocks - self.layout.pages_per_slot * (pinned + with_adapter)
 
     @property
     def num_used_blocks(self) -> int:

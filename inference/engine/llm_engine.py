@@ -80,7 +80,6 @@ class LLMEngine:
             )
         if self.lora_manager is not None and self.model_runner.workers is not None:
             self.lora_manager.loader.ranks = self.model_runner.workers.loads  # every rank loads
-        self.loras = LoRAControls(self.lora_manager, self.block_manager)
         self.scheduler = Scheduler(self.config, self.block_manager, self.lora_manager)
         self.max_model_len = self.model_runner.max_model_len
         self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids) | frozenset(mc.eos_token_ids)
@@ -97,6 +96,9 @@ class LLMEngine:
         )
         self.max_adapter_seq_len = min(
             self.max_model_len, self.block_manager.max_seq_blocks(True) * self.config.block_size
+        )
+        self.loras = LoRAControls(
+            self.lora_manager, self.block_manager, (self.max_seq_len, self.max_adapter_seq_len)
         )
         self.intake = RequestIntake(
             self.tokenizer,

@@ -29,9 +29,15 @@ def make_lora_manager(
 
 
 class LoRAControls:
-    def __init__(self, manager: LoRAManager | None, block_manager: BlockManager):
+    def __init__(
+        self,
+        manager: LoRAManager | None,
+        block_manager: BlockManager,
+        longest: tuple[int, int],
+    ):
         self.manager = manager
         self.block_manager = block_manager
+        self.longest = longest  # the engine's max_seq_len and max_adapter_seq_len
 
     def check_request(self, lora_request: object) -> None:
         """Refuse what is not a LoRARequest, or any adapter on a base-only engine."""
@@ -51,6 +57,8 @@ class LoRAControls:
         self.check_request(lora_request)
         if lora_request is None:
             raise InvalidRequestError("load_lora needs a LoRARequest")
+        if pin:
+            self._check_room_beside_pins(lora_request.adapter_id, lora_request.name)
         return self._manager().load(lora_request, pin=pin)
 
     def unload(self, adapter_id: str) -> bool:
@@ -59,7 +67,30 @@ class LoRAControls:
         return unloaded
 
     def pin(self, adapter_id: str, pinned: bool) -> None:
+        entry = self._manager().adapters.get(adapter_id)
+        if pinned and entry is not None:
+            self._check_room_beside_pins(adapter_id, entry.name)
         self._manager().pin(adapter_id, pinned)
+
+    def _check_room_beside_pins(self, adapter_id: str, name: str) -> None:
+        """A pinned adapter's slot group is never KV cache, so a pin may not leave the pool
+        too small for the longest request the engine accepts: that request would wait at
+        the head of the queue, and everyone behind it, until an unpin."""
+        adapters = self._manager().adapters
+        if adapter_id in adapters and adapters[adapter_id].pinned:
+            return
+        pinned = 1 + sum(a.pinned for a in adapters.values())
+        for with_adapter, tokens in zip((False, True), self.longest, strict=True):
+            room = self.block_manager.max_seq_blocks(with_adapter, pinned=pinned)
+            if room >= self.block_manager.blocks_needed(tokens):
+                continue
+            kind = "an adapter's request" if with_adapter else "a base model request"
+            raise InvalidRequestError(
+                f"cannot pin adapter {name!r}: with {pinned} adapter(s) pinned the KV cache "
+                f"would hold {room * self.block_manager.block_size} tokens of {kind}, fewer "
+                f"than the {tokens} the engine accepts; unpin one, or start the engine with a "
+                f"larger kv_cache_bytes or a smaller max_model_len"
+            )
 
     def list_loras(self) -> list[dict[str, Any]]:
         return self._manager().list_loras()

@@ -2,14 +2,15 @@
 request alone however the pool is split, and those of the fixed split (reserved slots); a
 request longer than the KV cache a fixed split leaves runs while few adapters are active;
 adapters arriving take free pages and cached prefixes, and move running blocks out of their
-slot group, never taking them; an adapter in use is never evicted; the pages by use add up."""
+slot group, never taking them; an adapter in use is never evicted; a pin that would leave no
+room for the longest request is refused; the pages by use add up."""
 
 from collections.abc import Callable
 
 import pytest
 
 from inference.engine import EngineRequest, LLMEngine, SamplingParams
-from inference.engine.errors import ConfigError
+from inference.engine.errors import ConfigError, InvalidRequestError
 from tests.engine.lora_fixtures import ALL_LINEAR, lora_engine, request_for
 
 BLOCK = 4
@@ -283,3 +284,38 @@ def test_reserved_slots_need_max_loras_and_a_switch(lora_model_dir):
         lora_engine(lora_model_dir, max_lora_rank=8, reserve_lora_slots=True)
     with pytest.raises(ConfigError, match="reserve_lora_slots must be true or false"):
         lora_engine(lora_model_dir, max_loras=2, reserve_lora_slots="yes")
+
+
+def test_a_pin_never_leaves_the_longest_request_without_room(
+    lora_model_dir, loras, geometry, alone
+):
+    """A pinned adapter's pages never serve as KV, so a pin that would leave the pool too
+    small for the longest request the engine accepts is refused (a request that long would
+    wait at the head of the queue with everyone behind it); the refusal changes nothing, and
+    requests of the longest length run beside the pins that were allowed."""
+    _, k = geometry
+    engine = pool_engine(lora_model_dir, 128 + 2 * k + 4, max_loras=4)
+    assert engine.max_seq_len == engine.max_adapter_seq_len == 128 * BLOCK  # max_model_len
+    engine.load_lora(loras["p0"], pin=True)
+    engine.load_lora(loras["p1"])
+    with pytest.raises(InvalidRequestError, match="cannot pin adapter 'p1': with 2 adapter"):
+        engine.pin_lora("id-p1")
+    with pytest.raises(InvalidRequestError, match="fewer than the 512 the engine accepts"):
+        engine.load_lora(loras["p2"], pin=True)
+    listed = {a["name"]: a["pinned"] for a in engine.list_loras()}
+    assert listed == {"p0": True, "p1": False}
+    jobs = [
+        ("long-base", prompt(1, 128 * BLOCK - 6), None),
+        ("long-p1", prompt(2, 127 * BLOCK - 6), "p1"),
+        ("short-p0", prompt(3, 9), "p0"),
+        ("short-base", prompt(4, 9), None),
+    ]
+    for rid, ids, name in jobs:
+        add(engine, rid, ids, loras.get(name), n=4)
+    results = run_all(engine)
+    for rid, ids, name in jobs:
+        assert_same(results[rid], alone(ids, loras.get(name), n=4))
+    engine.pin_lora("id-p0", pinned=False)
+    engine.pin_lora("id-p1")  # one pin at a time fits
+    assert {a["name"] for a in engine.list_loras() if a["pinned"]} == {"p1"}
+    engine.close()
