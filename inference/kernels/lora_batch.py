@@ -25,6 +25,11 @@ PADDED_MIN_ROWS = 256
 SGMV_MIN_MEAN_SEGMENT = 4
 
 
+def pads_within(padded_rows: int, real_rows: int) -> bool:
+    """Whether a padded layout of `padded_rows` is worth it for `real_rows` tokens."""
+    return padded_rows <= max(PADDED_MIN_ROWS, 2 * real_rows)
+
+
 @dataclass(frozen=True)
 class LoRABatch:
     token_slots: torch.Tensor  # [T] int64, device; -1 = no adapter
@@ -76,7 +81,7 @@ class LoRABatch:
         """Whether padding every segment to the longest stays within PADDED_MIN_ROWS rows
         or twice the real ones (a single segment needs no padding at all)."""
         padded, real = self.num_segments * self.max_seg_len, self.padded_rows.numel()
-        return self.num_segments > 1 and padded <= max(PADDED_MIN_ROWS, 2 * real)
+        return self.num_segments > 1 and pads_within(padded, real)
 
     @functools.cached_property
     def padding_groups(self) -> tuple["LoRABatch", ...]:
@@ -91,7 +96,7 @@ class LoRABatch:
         for i in sorted(range(self.num_segments), key=lambda i: self.segments[i][2]):
             length = self.segments[i][2]
             size = len(groups[-1]) + 1
-            if size > 1 and size * length > max(PADDED_MIN_ROWS, 2 * (rows + length)):
+            if size > 1 and not pads_within(size * length, rows + length):
                 groups.append([])
                 rows = 0
             groups[-1].append(i)

@@ -32,7 +32,7 @@ close together even when the pool holds many slots.
 
 import torch
 
-from inference.kernels.lora_batch import PADDED_MIN_ROWS, LoRABatch
+from inference.kernels.lora_batch import LoRABatch, pads_within
 
 FULL_STACK_MIN_SHARE = 1 / 3
 CAT_MAX_ELEMENTS = 1 << 16  # add_lora joins the slices' deltas up to this size, then writes once
@@ -53,8 +53,7 @@ def _full_stack(batch: LoRABatch, weights: list[torch.Tensor]) -> bool:
     return (
         weights[0].dtype == torch.float32
         and batch.num_segments >= FULL_STACK_MIN_SHARE * batch.slot_span
-        and batch.slot_span * batch.max_seg_len
-        <= max(PADDED_MIN_ROWS, 2 * batch.padded_rows.numel())
+        and pads_within(batch.slot_span * batch.max_seg_len, batch.padded_rows.numel())
     )
 
 
