@@ -90,23 +90,51 @@ def _translate(exc: BaseException, translation: Translation) -> errors.ApiError:
         detail = exc.detail
     else:  # Django's BadRequest, an app's own exception: its message is for the caller
         detail = str(exc) or errors.ApiError.message
-    message, param = _first_problem(detail)
+    message, path = _first_problem(detail)
+    param = param_path(path)
+    if param is not None:
+        message = f"{param}: {message}"
     named = getattr(exc, "param", None)
     return translation.api_error(message, param=named or param or translation.param)
 
 
-def _first_problem(detail) -> tuple[str, str | None]:
-    """Validation details are nested dicts and lists: (message, field) of the first problem."""
+# Keys that hold errors of the whole object around them, not of one field.
+_WHOLE_OBJECT_KEYS = ("non_field_errors", "__all__")
+
+
+def _first_problem(detail) -> tuple[str, list[str | int]]:
+    """Validation details are nested dicts and lists: the first problem's message and the
+    keys and list positions that lead to it (a ListField's or DictField's items are keyed by
+    their index or key; a list serializer's items are a list of dicts, empty where valid)."""
     if isinstance(detail, dict):
-        for field, value in detail.items():
+        for key, value in detail.items():
+            if not value:
+                continue
             message, inner = _first_problem(value)
-            if field in ("non_field_errors", "__all__"):
-                return message, inner
-            return (message, inner) if inner else (f"{field}: {message}", field)
-        return errors.ApiError.message, None
-    if isinstance(detail, list | tuple) and detail:
-        return _first_problem(detail[0])
-    return str(detail), None
+            return message, inner if key in _WHOLE_OBJECT_KEYS else [key, *inner]
+        return errors.ApiError.message, []
+    if isinstance(detail, list | tuple):
+        for index, item in enumerate(detail):
+            if isinstance(item, dict | list | tuple):
+                if item:  # one item's errors: its position is part of the path
+                    message, inner = _first_problem(item)
+                    return message, [index, *inner]
+            else:  # the messages of the field the caller is in
+                return str(item), []
+        return errors.ApiError.message, []
+    return str(detail), []
+
+
+def param_path(path: list[str | int]) -> str | None:
+    """`["scopes", 1]` -> `scopes[1]`, `["a", "b"]` -> `a.b`: a string, as OpenAI's `param`
+    is, never a bare index."""
+    text = ""
+    for step in path:
+        if isinstance(step, int):
+            text += f"[{step}]"
+        else:
+            text += f".{step}" if text else str(step)
+    return text or None
 
 
 def _internal_error(exc: BaseException) -> errors.ApiError:

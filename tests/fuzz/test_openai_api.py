@@ -13,6 +13,7 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 
+from tests.fuzz.checks import error_param_is_a_string_or_null
 from tests.fuzz.conftest import CONFIG, SCHEMA
 from tests.inference.conftest import BASE_NAME, start_server, stop_server
 
@@ -82,4 +83,6 @@ def test_no_v1_request_is_answered_with_a_server_error(case, fuzz_server):
     url, key = fuzz_server
     token = OPERATOR_TOKEN if case.path in OPERATOR_PATHS else key
     case.headers = {**(case.headers or {}), "Authorization": f"Bearer {token}"}
-    case.call_and_validate(base_url=url, checks=[not_a_server_error], timeout=60)
+    case.call_and_validate(
+        base_url=url, checks=[not_a_server_error, error_param_is_a_string_or_null], timeout=60
+    )

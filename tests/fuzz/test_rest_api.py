@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 
+from tests.fuzz.checks import error_param_is_a_string_or_null
 from tests.fuzz.conftest import SCHEMA
 
 REST = SCHEMA.include(path_regex="^/api/")
@@ -58,4 +59,4 @@ def aim_at_real_objects(case) -> None:
 def test_no_rest_request_is_answered_with_a_server_error(case, fuzz_key):
     aim_at_real_objects(case)
     case.headers = {**(case.headers or {}), "Authorization": f"Bearer {fuzz_key}"}
-    case.call_and_validate(checks=[not_a_server_error])
+    case.call_and_validate(checks=[not_a_server_error, error_param_is_a_string_or_null])
