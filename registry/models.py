@@ -105,7 +105,22 @@ class AdapterVersion(models.Model):
     number = models.PositiveIntegerField()
     uid = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
-    source = models.CharField(max_length=1100, help_text="'upload' or the s3:// prefix imported")
+    # Where the files came from, as the tenant may see it; an operator's host path or bucket
+    # is the deployment's, not the tenant's to read, so it stays in `operator_source`.
+    FROM_UPLOAD = "upload"
+    FROM_OPERATOR = "operator"
+    source = models.CharField(
+        max_length=1100,
+        help_text="'upload', the s3:// prefix the tenant imported, or 'operator' (the files an "
+        "operator registered: operator_source says from where)",
+    )
+    operator_source = models.CharField(
+        max_length=1100,
+        blank=True,
+        default="",
+        help_text="the folder or s3:// prefix an operator registered the files from; for "
+        "operators only, never shown to the tenant",
+    )
 
     config_key = models.CharField(max_length=500)
     weights_key = models.CharField(max_length=500)

@@ -97,7 +97,12 @@ def adapter_version_register(
                     tenant=tenant, name=adapter_name, actor=actor, base_model_name=base.name
                 )
             version, created = adapter_version_create(
-                adapter=existing, config=config, weights=weights, actor=actor, source=str(source)
+                adapter=existing,
+                config=config,
+                weights=weights,
+                actor=actor,
+                source=AdapterVersion.FROM_OPERATOR,  # the tenant's view: never the host path
+                operator_source=str(source),
             )
     if undecided(version):
         version = _validate_now(version)

@@ -92,10 +92,14 @@ def adapter_version_create(
     config: BinaryIO,
     weights: BinaryIO,
     actor: str,
-    source: str = "upload",
+    source: str = AdapterVersion.FROM_UPLOAD,
+    operator_source: str = "",
     eval_set: BinaryIO | None = None,
 ) -> tuple[AdapterVersion, bool]:
     """Store two local files as a new pending version and queue its validation.
+
+    `source` is what the tenant sees of the files' origin; `operator_source`, where an
+    operator's files were read from, only operators see (the registry's admin).
 
     Returns (version, created); identical bytes return the existing version. The tenant's
     quotas are checked before storing and again under its row lock (QuotaExceeded). On any
@@ -114,7 +118,9 @@ def adapter_version_create(
         return existing, False
     quota_check(tenant=adapter.tenant, new_bytes=config_digest.size + weights_digest.size)
 
-    version = AdapterVersion(adapter=adapter, source=source, created_by=actor)
+    version = AdapterVersion(
+        adapter=adapter, source=source, operator_source=operator_source, created_by=actor
+    )
     version.config_sha256, version.config_size = config_digest.sha256, config_digest.size
     version.weights_sha256, version.weights_size = weights_digest.sha256, weights_digest.size
     written: list[str] = []

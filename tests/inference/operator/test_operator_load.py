@@ -93,8 +93,8 @@ def server(serve_data, sources):
             "LORAPLEX_S3_IMPORT_ENDPOINT_URL": sources.endpoint,
             "AWS_ACCESS_KEY_ID": "testing",
             "AWS_SECRET_ACCESS_KEY": "testing",
-            "LORAPLEX_MAX_LORAS": "6",  # up to 5 pinned
-            "LORAPLEX_MAX_CPU_LORAS": "8",
+            "LORAPLEX_MAX_LORAS": "8",  # up to 7 pinned
+            "LORAPLEX_MAX_CPU_LORAS": "10",
             "LORAPLEX_KV_CACHE_BYTES": str(16 * 1024 * 1024),
         },
         name="operator-load",
@@ -145,7 +145,7 @@ def test_lora_modules_are_registered_loaded_and_pinned_at_start_up(server, sourc
 
     (version,) = versions_of(MODULE)
     assert version.status == "ready" and version.quality == "passed"
-    assert version.source == str(sources.good.resolve())
+    assert version.source == "operator" and version.operator_source == str(sources.good.resolve())
     assert version.created_by == "operator:LORAPLEX_LORA_MODULES"
     upload = AuditEvent.objects.get(
         object_type="adapter_version",
@@ -173,7 +173,8 @@ def test_a_local_folder_becomes_a_version_that_serves(server, sources, live_engi
     }
     assert listed(server)["serve-a/folderbot:1"]["pinned"] is True
     (version,) = versions_of("serve-a/folderbot")
-    assert version.created_by == "operator" and version.source == str(sources.good.resolve())
+    assert version.created_by == "operator" and version.source == "operator"
+    assert version.operator_source == str(sources.good.resolve())  # for operators only
     reply = httpx.post(
         server.url + "/v1/completions",
         json={"model": "folderbot", "prompt": "Hello", "max_tokens": 2},
@@ -219,7 +220,8 @@ def test_an_s3_prefix_becomes_a_version(server, sources):
     assert response.json()["version"] == "serve-a/s3bot:1"
     assert listed(server)["serve-a/s3bot:1"]["pinned"] is True
     (version,) = versions_of("serve-a/s3bot")
-    assert version.source == lora_path and version.status == "ready"
+    assert version.operator_source == lora_path and version.status == "ready"
+    assert version.source == "operator"
 
 
 # ---------------------------------------------------------------- refused
@@ -305,3 +307,79 @@ def test_without_lora_path_the_registered_version_is_loaded_as_before(server):
         "status": "ok",
     }
     assert listed(server)["serve-a/pirate:1"]["pinned"] is True
+
+
+# ---------------------------------------------------------------- what the tenant sees
+
+
+@pytest.fixture(scope="module")
+def signed_in(serve_data, django_db_blocker):
+    """Session cookies on the live server: a member of serve-a, and a superuser (the admin)."""
+    from django.conf import settings
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+
+    from tenants.models import Tenant
+    from tenants.scopes import MEMBER
+    from tenants.services import membership_set, user_get_or_create
+
+    def session_of(user) -> dict:
+        browser = Client()
+        browser.force_login(user)
+        return {settings.SESSION_COOKIE_NAME: browser.cookies[settings.SESSION_COOKIE_NAME].value}
+
+    with django_db_blocker.unblock():
+        member = user_get_or_create(email="path-reader@example.com")
+        membership_set(tenant=Tenant.objects.get(slug="serve-a"), user=member, role=MEMBER)
+        root = get_user_model().objects.create_superuser("path-root", "root@example.com", "x")
+        cookies = SimpleNamespace(member=session_of(member), operator=session_of(root))
+    yield cookies
+    with django_db_blocker.unblock():
+        get_user_model().objects.filter(pk__in=[member.pk, root.pk]).delete()
+
+
+def test_the_tenant_never_sees_where_the_operator_read_the_files(
+    server, sources, serve_data, signed_in
+):
+    """The API, the pages and the audit trail say `operator`; the admin keeps the path."""
+    loaded = load(server, {"lora_name": "serve-a/pathbot", "lora_path": str(sources.good)})
+    assert loaded.status_code == 200, loaded.text
+    bad = load(server, {"lora_name": "serve-a/pathbadbot", "lora_path": str(sources.bad)})
+    assert bad.status_code == 400, bad.text  # rejected: the tenant still sees the version
+
+    key_ro = serve_data["keys"][2]
+    api = httpx.Client(
+        base_url=server.url, headers={"Authorization": f"Bearer {key_ro}"}, timeout=30
+    )
+    pages = httpx.Client(base_url=server.url, cookies=signed_in.member, timeout=30)
+    answers = {
+        "versions": api.get("/api/v1/adapters/pathbot/versions/"),
+        "version": api.get("/api/v1/adapters/pathbot/versions/1/"),
+        "rejected": api.get("/api/v1/adapters/pathbadbot/versions/1/"),
+        "audit": api.get("/api/v1/audit/", params={"limit": 1000}),
+        "adapters page": pages.get("/adapters/"),
+        "adapter page": pages.get("/adapters/pathbot/"),
+        "rejected page": pages.get("/adapters/pathbadbot/"),
+        "status fragment": pages.get("/adapters/pathbot/versions/1/status/"),
+    }
+    for seen, answer in answers.items():
+        assert answer.status_code == 200, (seen, answer.text[:500])
+        for path in {str(sources.root), str(sources.root.resolve())}:
+            assert path not in answer.text, seen
+    assert answers["version"].json()["source"] == "operator"
+    assert answers["rejected"].json()["source"] == "operator"
+    assert "source operator" in answers["adapter page"].text
+    uploads = [
+        event
+        for event in answers["audit"].json()
+        if event["verb"] == "version.upload" and event["object"].startswith("path")
+    ]
+    assert len(uploads) == 2 and all(e["after"]["source"] == "operator" for e in uploads)
+
+    (version,) = versions_of("serve-a/pathbot")
+    admin = httpx.get(
+        f"{server.url}/admin/registry/adapterversion/{version.pk}/change/",
+        cookies=signed_in.operator,
+        timeout=30,
+    )
+    assert admin.status_code == 200 and str(sources.good.resolve()) in admin.text
