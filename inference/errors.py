@@ -51,6 +51,10 @@ class ConcurrencyExceeded(RateLimited, status=429, code="concurrency_exceeded"):
     """The tenant already has its maximum of requests running in this process."""
 
 
+class TokenizationsExceeded(RateLimited, status=429, code="tokenizations_exceeded"):
+    """The tenant already has its maximum of texts being tokenized in this process."""
+
+
 class ModelNotFound(ApiError, status=404, code="model_not_found"):
     """The same answer whether the model does not exist or belongs to another tenant."""
 

@@ -26,6 +26,21 @@ HTTP_REQUESTS = Counter(
     registry=REGISTRY,
 )
 
+TOKENIZED_CHARACTERS = Counter(
+    "loraplex_tokenized_characters",
+    "Characters of callers' texts (prompts, rendered conversations, /tokenize) encoded.",
+    registry=REGISTRY,
+)
+
+TOKENIZATIONS_REFUSED = Counter(
+    "loraplex_tokenizations_refused",
+    "Texts refused before tokenizing, by reason: too_long (over max_model_len x "
+    "LORAPLEX_MAX_CHARS_PER_TOKEN characters), concurrency (the tenant's "
+    "LORAPLEX_TENANT_MAX_TOKENIZATIONS were running).",
+    ["reason"],
+    registry=REGISTRY,
+)
+
 RATELIMIT_BACKEND_ERRORS = Counter(
     "loraplex_ratelimit_backend_errors",
     "Rate-limit operations the shared cache (Redis) failed; the request was served unlimited.",

@@ -370,6 +370,12 @@ RESPONSES_RETENTION_DAYS = env.float("LORAPLEX_RESPONSES_RETENTION_DAYS", defaul
 TENANT_MAX_CONCURRENCY = env.int(
     "LORAPLEX_TENANT_MAX_CONCURRENCY", default=32
 )  # per process; 0 = off
+# Tokenizing a caller's text (inference/openai/tokenizing.py): at most this many texts of a
+# tenant tokenized at once per process (more: 429; 0 = off), and a text longer than
+# max_model_len x MAX_CHARS_PER_TOKEN characters refused before tokenizing (0: only the
+# bound no tokenization could fit, the longest token's characters per token).
+TENANT_MAX_TOKENIZATIONS = env.int("LORAPLEX_TENANT_MAX_TOKENIZATIONS", default=4)
+MAX_CHARS_PER_TOKEN = env.int("LORAPLEX_MAX_CHARS_PER_TOKEN", default=8)
 MAX_REQUEST_BYTES = env.int("LORAPLEX_MAX_REQUEST_BYTES", default=1024 * 1024)
 # A response's logprob entries (prompt and generated, every choice), known before generation:
 # more is a 400 naming the parameter to lower. About 75 bytes of JSON each.

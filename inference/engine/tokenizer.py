@@ -185,14 +185,24 @@ class Tokenizer:
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids for `text`; special tokens written in the text (like <|im_start|>) stay
-        whole."""
+        whole. Through the batch path, which releases the GIL while the Rust side works (the
+        single-text `encode` keeps it: a megabyte held every other thread, the event loop
+        and the step thread included, for about a second); the ids are the same."""
         if not isinstance(text, str):
             raise TokenizerError(f"encode() needs a str, got {type(text).__name__}")
-        return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
+        try:
+            (encoding,) = self._backend.encode_batch([text], add_special_tokens=add_special_tokens)
+        except TypeError:  # a lone surrogate: text no UTF-8 (nor Rust) can hold
+            raise TokenizerError(
+                "the text is not valid Unicode (it holds a lone surrogate)"
+            ) from None
+        return encoding.ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        """The text of `ids`, through the batch path (it releases the GIL, as encode's)."""
         self._check_ids(ids)
-        return self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        (text,) = self._backend.decode_batch([list(ids)], skip_special_tokens=skip_special_tokens)
+        return text
 
     def token_strings(self, ids: list[int]) -> list[str]:
         """Each id's vocabulary entry as stored (a byte-level `Ġthe`, say), not decoded text:

@@ -42,6 +42,7 @@ from .fan_out import candidate_kwargs, candidates
 from .max_tokens import max_tokens_for
 from .protocol import GenerationRequest, load_json
 from .sampling_options import check_min_tokens, check_token_ids
+from .tokenizing import refuse_long_text, tokenize_off_loop
 
 if TYPE_CHECKING:
     from inference.engine import AsyncLLMEngine, LLMEngine
@@ -102,7 +103,8 @@ async def prepare(request, endpoint: Endpoint) -> Prepared:
     endpoint.check(parsed, llm)
     check_token_ids(parsed.sampling, llm.config.model_config.vocab_size)
     refuse_overlong_text(parsed, llm)
-    prompt_ids = await sync_to_async(endpoint.prompt_ids, thread_sensitive=False)(llm, parsed)
+    # One of the tenant's tokenization slots, in a worker thread (tokenizing.py).
+    prompt_ids = await tokenize_off_loop(principal.tenant.id, endpoint.prompt_ids, llm, parsed)
     assert all(isinstance(ids, list) for ids in prompt_ids), "a list of token ids per prompt"
     lengths = [len(ids) for ids in prompt_ids]
     max_tokens = [_max_tokens(parsed, llm, length) for length in lengths]
@@ -256,8 +258,8 @@ def _prompt_param(parsed: GenerationRequest) -> str:
 
 
 def refuse_overlong_text(parsed: GenerationRequest, llm: "LLMEngine") -> None:
-    """No token covers more than `max_token_chars` characters, so a longer text cannot fit
-    the context however it tokenizes: refuse it without spending a second tokenizing it."""
+    """A text over the characters a prompt may hold (tokenizing.py: max_model_len x
+    characters per token) is refused without spending a second tokenizing it."""
     if parsed.prompts is None:
         size = sum(len(m["content"] or "") for m in parsed.messages or [])
         _refuse_longer(llm, size, "characters", "The prompt", _prompt_param(parsed))
@@ -269,11 +271,10 @@ def refuse_overlong_text(parsed: GenerationRequest, llm: "LLMEngine") -> None:
 
 
 def _refuse_longer(llm: "LLMEngine", size: int, unit: str, where: str, param: str) -> None:
-    if unit == "tokens":
-        bound = llm.max_seq_len - 1
-    else:
-        bound = llm.max_seq_len * llm.tokenizer.max_token_chars
-    if size > bound:
+    if unit == "characters":
+        refuse_long_text(llm, size, where=where, param=param)
+        return
+    if size > llm.max_seq_len - 1:
         raise ContextLengthExceeded(
             f"{where} is {size} {unit}; this model's context holds {llm.max_seq_len} tokens "
             "including at least one generated token.",

@@ -21,6 +21,7 @@ from .prompts import Prompt, parse_prompts
 from .response_format import parse_response_format
 from .sampling_options import SAMPLING_FIELDS, SamplingOptions, parse_sampling_options
 from .schema_limits import SchemaBudget
+from .text_fields import refuse_invalid_text
 from .tools import ToolUse, parse_tool_use
 
 MAX_TOP_LOGPROBS = 20
@@ -132,6 +133,8 @@ class GenerationRequest:
 
 
 def load_json(raw: bytes) -> dict:
+    """The body of every JSON endpoint of the serving layer: an object whose strings are all
+    valid Unicode (text_fields.py)."""
     try:
         body = json.loads(raw)
     except ValueError as exc:  # bad JSON or UTF-8, or an integer of more than 4300 digits
@@ -140,6 +143,7 @@ def load_json(raw: bytes) -> dict:
         raise InvalidJson("The request body is nested too deeply.") from None
     if not isinstance(body, dict):
         raise InvalidJson("The request body must be a JSON object.")
+    refuse_invalid_text(body)  # before any parser, template or tokenizer reads a string
     return body
 
 

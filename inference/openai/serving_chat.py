@@ -7,6 +7,7 @@ from inference.errors import ProtocolError
 
 from .generation import Endpoint
 from .protocol import GenerationRequest, parse_chat_request
+from .tokenizing import encode_text
 
 if TYPE_CHECKING:
     from inference.engine import LLMEngine
@@ -16,9 +17,12 @@ def chat_prompt_ids(
     llm: "LLMEngine", messages: list[dict], tools: list[dict] | None = None
 ) -> list[int]:
     """The token ids the model is shown: the rendered template, without special tokens
-    added on top (the template writes its own)."""
+    added on top (the template writes its own). The rendered text is bounded as a prompt is
+    (tokenizing.py), with everything the template wrote: tools, tool calls' arguments."""
     text = llm.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tools=tools)
-    return llm.tokenizer.encode(text, add_special_tokens=False)
+    return encode_text(
+        llm, text, add_special_tokens=False, where="The rendered conversation", param="messages"
+    )
 
 
 def _prompt_ids(llm: "LLMEngine", parsed: GenerationRequest) -> list[list[int]]:

@@ -7,6 +7,7 @@ from inference.errors import ProtocolError
 
 from .generation import Endpoint
 from .protocol import GenerationRequest, parse_completion_request
+from .tokenizing import encode_text
 
 if TYPE_CHECKING:
     from inference.engine import LLMEngine
@@ -17,7 +18,7 @@ def text_prompt_ids(llm: "LLMEngine", prompt: str | list[int], where: str = "pro
     vocabulary has them (`where` names the prompt in the refusal)."""
     tokenizer = llm.tokenizer
     if isinstance(prompt, str):
-        return tokenizer.encode(prompt)
+        return encode_text(llm, prompt, where=where, param="prompt")
     bad = [t for t in prompt if t >= tokenizer.vocab_size]
     if bad:
         raise ProtocolError(

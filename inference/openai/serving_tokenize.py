@@ -7,15 +7,20 @@ the caller's tenant as for generation: another tenant's model is as unknown as a
 one, and a model of another base (another tokenizer) belongs to that base's replicas. A
 missing `model` means this replica's base model, as in vLLM. Adapters never change the
 tokenizer, so which version a name resolves to does not matter here.
+
+Both are bounded as prompts are (tokenizing.py): a text over the characters a prompt may hold
+is refused before tokenizing, and neither answers more than `max_model_len` tokens (no
+prompt holds more), which also keeps the answer's size in proportion to the context.
 """
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from inference.engine.tokenizer import TokenizerError
-from inference.errors import ProtocolError, UnknownParameter
+from inference.errors import ContextLengthExceeded, ProtocolError, UnknownParameter
 
 from .protocol import parse_chat_messages
+from .tokenizing import encode_text, messages_chars, refuse_long_text
 
 if TYPE_CHECKING:
     from inference.engine import LLMEngine
@@ -94,6 +99,10 @@ def tokenize(llm: "LLMEngine", request: TokenizeRequest) -> dict:
     conversation rendered with the chat template as chat renders it (by default)."""
     tokenizer = llm.tokenizer
     if request.messages is not None:
+        where, param = "The rendered conversation", "messages"
+        refuse_long_text(
+            llm, messages_chars(request.messages), where="The conversation", param=param
+        )
         try:
             text = tokenizer.apply_chat_template(
                 request.messages, add_generation_prompt=request.add_generation_prompt
@@ -102,8 +111,16 @@ def tokenize(llm: "LLMEngine", request: TokenizeRequest) -> dict:
             raise ProtocolError(f"{str(exc).capitalize()}.", param="messages") from None
     else:
         assert request.prompt is not None, "parsed: a prompt or messages"
-        text = request.prompt
-    ids = tokenizer.encode(text, add_special_tokens=request.add_special_tokens)
+        where, param, text = "The prompt", "prompt", request.prompt
+    ids = encode_text(
+        llm, text, add_special_tokens=request.add_special_tokens, where=where, param=param
+    )
+    if len(ids) > llm.max_seq_len:
+        raise ContextLengthExceeded(
+            f"{where} is {len(ids)} tokens; /tokenize answers at most this model's context, "
+            f"max_model_len {llm.max_seq_len}.",
+            param=param,
+        )
     return {
         "count": len(ids),
         "max_model_len": llm.max_seq_len,
@@ -114,6 +131,12 @@ def tokenize(llm: "LLMEngine", request: TokenizeRequest) -> dict:
 
 def detokenize(llm: "LLMEngine", request: DetokenizeRequest) -> dict:
     """The text of the ids as given, special tokens included (a round trip of /tokenize)."""
+    if len(request.tokens) > llm.max_seq_len:
+        raise ProtocolError(
+            f"tokens holds {len(request.tokens)} ids; /detokenize takes at most this model's "
+            f"context, max_model_len {llm.max_seq_len}.",
+            param="tokens",
+        )
     vocab = llm.tokenizer.vocab_size
     outside = next((t for t in request.tokens if t >= vocab), None)
     if outside is not None:

@@ -23,6 +23,7 @@ from .serving_tokenize import (
     parse_tokenize_request,
     tokenize,
 )
+from .tokenizing import tokenize_off_loop
 
 
 async def _generate(request, endpoint: Endpoint):
@@ -61,8 +62,10 @@ async def _tokenizer_call(request, parse, answer):
     await sync_to_async(resolve_model)(
         tenant=principal.tenant, name=parsed.model or base, base_model_name=base
     )
-    body = await sync_to_async(answer, thread_sensitive=False)(engine.engine, parsed)
-    return JsonResponse(body)
+    # One of the tenant's tokenization slots, in a worker thread (tokenizing.py).
+    body = await tokenize_off_loop(principal.tenant.id, answer, engine.engine, parsed)
+    content = await sync_to_async(json.dumps, thread_sensitive=False)(body)
+    return HttpResponse(content, content_type="application/json")
 
 
 @json_endpoint
