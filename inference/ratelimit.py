@@ -3,9 +3,11 @@
 Fixed one-minute windows with atomic counters (`add` then `incr`), so every replica that
 shares the cache (Redis in production) sees the same count. Requests count per API key,
 or per signed-in user and tenant (the playground). Tokens are reserved when a request is
-admitted, as much as it may use (prompt + n * max_tokens), and settled when it ends (the
-unused part goes back): a burst of concurrent requests cannot overshoot the budget,
-because a reservation that passes it is taken back and refused.
+admitted, as much as it may use (each choice's prompt and max_tokens: every engine request
+reads its prompt, so each of `n` choices or `best_of` candidates of an 8k-token prompt costs
+eight thousand tokens), and settled when it ends (the unused part goes back): a burst of
+concurrent requests cannot overshoot the budget, because a reservation that passes it is
+taken back and refused.
 
 When the cache fails (Redis down), the limits fail open: requests are served, each
 failure counts in `loraplex_ratelimit_backend_errors_total`, and a warning is logged at
@@ -138,7 +140,8 @@ def check_token_budget(*, tenant_id: int) -> None:
 
 
 def reserve_tokens(*, tenant_id: int, tokens: int) -> Reservation | None:
-    """Set aside the most this request can use (prompt + n * max_tokens) or refuse it.
+    """Set aside the most this request can use (each choice's prompt and max_tokens) or
+    refuse it.
 
     Returns None when there is nothing to settle (no limit, or the backend is down).
     """
@@ -148,8 +151,9 @@ def reserve_tokens(*, tenant_id: int, tokens: int) -> Reservation | None:
     start, retry_after = _window()
     if tokens > limit:
         raise TokensExceeded(
-            f"This request may use {tokens} tokens (prompt + n * max_tokens), more than this "
-            f"tenant's budget of {limit} tokens per minute; lower max_tokens (or n).",
+            f"This request may use {tokens} tokens (each choice's prompt and max_tokens), more "
+            f"than this tenant's budget of {limit} tokens per minute; lower max_tokens (or n, "
+            "best_of, the prompt).",
             retry_after=retry_after,
         )
     key = f"rl:tok:{tenant_id}:{start}"
@@ -160,8 +164,8 @@ def reserve_tokens(*, tenant_id: int, tokens: int) -> Reservation | None:
         _adjust(key, -tokens)
         left = max(0, limit - (used - tokens))
         raise TokensExceeded(
-            f"Token limit reached: this request may use {tokens} tokens (prompt + n * max_tokens) "
-            f"and {left} of this tenant's {limit} tokens per minute are left.",
+            f"Token limit reached: this request may use {tokens} tokens (each choice's prompt and "
+            f"max_tokens) and {left} of this tenant's {limit} tokens per minute are left.",
             retry_after=retry_after,
         )
     return Reservation(key=key, tokens=tokens, window_end=start + WINDOW_SECONDS)

@@ -380,6 +380,10 @@ MAX_REQUEST_BYTES = env.int("LORAPLEX_MAX_REQUEST_BYTES", default=1024 * 1024)
 # A response's logprob entries (prompt and generated, every choice), known before generation:
 # more is a 400 naming the parameter to lower. About 75 bytes of JSON each.
 MAX_LOGPROB_ENTRIES = env.int("LORAPLEX_MAX_LOGPROB_ENTRIES", default=200_000)
+# A response's bytes (echoed prompts, generated text at the longest token, logprobs; every
+# choice), estimated before generation (inference/openai/response_size.py): more is a 400
+# naming the parameter to lower (0: off).
+MAX_RESPONSE_BYTES = env.int("LORAPLEX_MAX_RESPONSE_BYTES", default=16 * 1024 * 1024)
 # The JSON schemas a request carries (response_format, tools' parameters), together: bounds
 # checked in one linear pass before the meta-schema check and the grammar compile, whose cost
 # grows faster (inference/openai/schema_limits.py).

@@ -26,3 +26,10 @@ def candidate_kwargs(parsed: GenerationRequest, candidate: int, max_tokens: int)
     if candidates(parsed) > parsed.n and kwargs["logprobs"] is None:
         kwargs["logprobs"] = 0  # the chosen tokens' own logprobs rank the candidates
     return kwargs
+
+
+def engine_tokens(parsed: GenerationRequest, prompt_tokens: int, completion_tokens: int) -> int:
+    """What a request costs the engine, and so the tenant's token budget: every engine request
+    reads its prompt, so each prompt counts once per candidate (`usage` counts it once, as
+    OpenAI's does), and `completion_tokens` are every candidate's together."""
+    return prompt_tokens * candidates(parsed) + completion_tokens

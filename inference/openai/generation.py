@@ -38,9 +38,10 @@ from .choices import ChoiceStreams
 from .completion_builder import SSE_DONE, CompletionBuilder, sse
 from .constraints import compile_constraint
 from .echo import EchoedPrompt, echoed_prompts
-from .fan_out import candidate_kwargs, candidates
+from .fan_out import candidate_kwargs, candidates, engine_tokens
 from .max_tokens import max_tokens_for
 from .protocol import GenerationRequest, load_json
+from .response_size import refuse_oversized_response
 from .sampling_options import check_min_tokens, check_token_ids
 from .tokenizing import refuse_long_text, tokenize_off_loop
 
@@ -110,11 +111,14 @@ async def prepare(request, endpoint: Endpoint) -> Prepared:
     max_tokens = [_max_tokens(parsed, llm, length) for length in lengths]
     check_min_tokens(parsed.sampling, min(max_tokens), parsed.max_tokens_param)
     refuse_oversized_answer(parsed, endpoint, lengths, max_tokens)
-    params = await _sampling_params(parsed, engine, max_tokens)
     echoes = None
     if parsed.echo and parsed.prompts is not None:
         echo = sync_to_async(echoed_prompts, thread_sensitive=False)
         echoes = await echo(llm.tokenizer, parsed.prompts, prompt_ids)
+    await sync_to_async(refuse_oversized_response, thread_sensitive=False)(
+        parsed, endpoint.kind, llm.tokenizer, prompt_ids, max_tokens, echoes
+    )
+    params = await _sampling_params(parsed, engine, max_tokens)
     prepared = Prepared(
         endpoint=endpoint,
         parsed=parsed,
@@ -127,7 +131,9 @@ async def prepare(request, endpoint: Endpoint) -> Prepared:
         include_usage=parsed.include_usage,
         stream=parsed.stream,
     )
-    await _admit(prepared, tokens=sum(lengths) + sum(p.max_tokens for p in params))
+    await _admit(
+        prepared, tokens=engine_tokens(parsed, sum(lengths), sum(p.max_tokens for p in params))
+    )
     return prepared
 
 
@@ -380,7 +386,7 @@ def finish(prepared: Prepared, status: str):
     b = prepared.builder
     ratelimit.settle_tokens(
         prepared.reservation,
-        used=b.prompt_tokens + b.completion_tokens,
+        used=engine_tokens(prepared.parsed, b.prompt_tokens, b.completion_tokens),
     )
     HTTP_REQUESTS.labels(endpoint=prepared.kind, status=status).inc()
     now = time.monotonic()

@@ -160,7 +160,7 @@ _SAMPLING = {
         "description": "How many choices to generate for the prompt, each an engine request of "
         "its own on the same prompt; usage counts the prompt once and the "
         "completion tokens of every choice. The tokens reserved against the tenant's budget "
-        "are the prompt plus `n` times `max_tokens`.",
+        "are `n` times the prompt and `max_tokens` (every choice reads its prompt).",
     },
     "prompt_logprobs": {
         "type": "integer",

@@ -263,17 +263,18 @@ def tpm_server(serve_data, django_db_blocker):
         Tenant.objects.filter(slug="n-choices-tpm").delete()
 
 
-def test_the_token_reservation_is_the_prompt_plus_n_times_max_tokens(tpm_server):
+def test_the_token_reservation_is_n_times_the_prompt_and_max_tokens(tpm_server):
+    """Every choice is an engine request that reads its prompt: each is charged it."""
     url, key = tpm_server
     from openai import OpenAI
 
     client = OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0)
-    with pytest.raises(openai.RateLimitError) as caught:  # 8 + 4 * 24 = 104 > 100
+    with pytest.raises(openai.RateLimitError) as caught:  # 4 * (8 + 24) = 128 > 100
         client.completions.create(model=BASE_NAME, prompt=PROMPT, max_tokens=24, n=4)
     assert caught.value.body["code"] == "tokens_exceeded"
-    assert "may use 104 tokens" in caught.value.body["message"]
+    assert "may use 128 tokens" in caught.value.body["message"]
     reply = client.completions.create(model=BASE_NAME, prompt=PROMPT, max_tokens=24, n=3)
-    assert len(reply.choices) == 3  # 8 + 3 * 24 = 80 fits
+    assert len(reply.choices) == 3  # 3 * (8 + 24) = 96 fits
 
 
 def test_a_batch_reserves_every_prompt_and_its_choices(tpm_server):
@@ -281,9 +282,9 @@ def test_a_batch_reserves_every_prompt_and_its_choices(tpm_server):
     from openai import OpenAI
 
     client = OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0)
-    with pytest.raises(openai.RateLimitError) as caught:  # 2 x (8 + 2 x 24) = 112 > 100
+    with pytest.raises(openai.RateLimitError) as caught:  # 2 x 2 x (8 + 24) = 128 > 100
         client.completions.create(model=BASE_NAME, prompt=[PROMPT, PROMPT], max_tokens=24, n=2)
-    assert "may use 112 tokens" in caught.value.body["message"]
+    assert "may use 128 tokens" in caught.value.body["message"]
 
 
 def test_the_choices_share_their_prompt_through_the_prefix_cache(live_engine_server):
