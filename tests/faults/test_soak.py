@@ -1,12 +1,17 @@
 """A soak: eight tenants' mixed traffic through a live `serve` while its worker is killed and
-restarted and Redis (broker, rate limits, announcements) is restarted empty.
+restarted, Redis (broker, rate limits, announcements) is restarted empty, and a ninth tenant
+attacks within its limits (tests/faults/attacks.py: a near-context prompt, an echo bomb,
+megabyte tokenizations) while a tenth measures what each costs it.
 
 Each tenant streams, asks for structured output and tool calls, sends completions with
 logprobs, disconnects mid-stream, makes a caller's mistakes and uploads versions with an eval
 set (validated and scored on the engine by a real worker) for LORAPLEX_SOAK_SECONDS. After it:
 every admitted request has exactly one usage record (the disconnected ones `aborted`), every
 version has its verdict, the engine is idle (nothing running, no KV block held), and no
-answer was a 5xx: nothing the callers sent, and none of the faults, is a server error.
+answer was a 5xx: nothing the callers sent, and none of the faults, is a server error. The
+attacks are answered as their limits say, and the probing tenant's time to a first token
+under each stays within its bound of its time without it, measured side by side: 3x beside
+the long prompt, 1.5x beside the tokenizations (the echo bomb's is reported, not bounded).
 """
 
 import json
@@ -23,6 +28,7 @@ import pytest
 
 from tests.adapter_versions import create_ready_version
 from tests.clients import chat, chat_stream, http, metric
+from tests.faults.attacks import Siege, first_token_seconds, target_for
 from tests.faults.workers import kill, start_worker, stop
 from tests.inference.conftest import start_server, stop_server
 from tests.peft_adapters import make_peft_adapter
@@ -117,7 +123,15 @@ def site(tmp_path):
                 for n in range(UPLOADS_PER_TENANT + 1)  # one more: an upload while Redis is down
             ]
         )
-    return {"tmp": tmp_path, "keys": keys, "uploads": uploads}
+    siege = {
+        role: api_key_create(
+            tenant=tenant_create(slug=f"siege-{role}"),
+            name="siege",
+            scopes=["inference", "registry:read", "registry:write"],
+        )[1]
+        for role in ("attacker", "probe")
+    }
+    return {"tmp": tmp_path, "keys": keys, "uploads": uploads, "siege": siege}
 
 
 class Tenant(threading.Thread):
@@ -256,6 +270,7 @@ def test_eight_tenants_through_worker_and_redis_restarts_lose_nothing_and_leak_n
             "LORAPLEX_MAX_LORAS": "4",
             "LORAPLEX_MAX_CPU_LORAS": "8",
             "LORAPLEX_KV_CACHE_BYTES": str(16 * 1024 * 1024),
+            "LORAPLEX_MAX_REQUEST_BYTES": str(1024 * 1024),  # the default: a 1 MB /tokenize
         },
         name="serve-soak",
     )
@@ -273,10 +288,16 @@ def test_eight_tenants_through_worker_and_redis_restarts_lose_nothing_and_leak_n
         Tenant(i, url, key, site["uploads"][i], until=start + SECONDS)
         for i, key in enumerate(site["keys"])
     ]
+    probe_key = site["siege"]["probe"]
+    siege = Siege(
+        target_for(url, site["siege"]["attacker"], BASE),
+        probe=lambda: first_token_seconds(url, probe_key, BASE),
+    )
     faults: list[tuple[str, float, float]] = []
     try:
         for tenant in tenants:
             tenant.start()
+        siege.start()
 
         def at(share: float) -> None:
             time.sleep(max(0.0, start + SECONDS * share - time.monotonic()))
@@ -302,6 +323,11 @@ def test_eight_tenants_through_worker_and_redis_restarts_lose_nothing_and_leak_n
         for tenant in tenants:
             tenant.join(SECONDS + HANG_GUARD_SECONDS)
             assert not tenant.is_alive(), f"{tenant.name} hung"
+        siege.join(SECONDS + HANG_GUARD_SECONDS)
+        assert not siege.is_alive(), "the attacks hung"
+        if siege.error is not None:
+            raise siege.error
+        print("soak attacks:", json.dumps([trial.summary() for trial in siege.trials]))
         outcomes = [o for tenant in tenants for o in tenant.outcomes]
 
         # ---- answered: every request, none with a 5xx; the mistakes were 4xx
@@ -317,6 +343,8 @@ def test_eight_tenants_through_worker_and_redis_restarts_lose_nothing_and_leak_n
         assert not broken, broken[:5]
         uploads = [o for o in outcomes if o.kind == "upload"]
         assert [o.status for o in uploads] == [202] * len(uploads), uploads
+        unexpected = {t.attack: t.unexpected for t in siege.trials if t.unexpected}
+        assert not unexpected, (faults, unexpected)
 
         # ---- the engine back to idle: nothing running or waiting, no KV block held
         def idle() -> bool:
@@ -378,6 +406,10 @@ def test_eight_tenants_through_worker_and_redis_restarts_lose_nothing_and_leak_n
         ]
         assert server.poll() is None
         assert "Traceback" not in log.read_text(), log.read_text()[-4000:]
+
+        # ---- last, so one run checks all of the above: the attacks cost others little
+        over = [trial.summary() for trial in siege.trials if not trial.held]
+        assert not over, (over, [trial.summary() for trial in siege.trials])
     finally:
         for tenant in tenants:
             tenant.until = 0
