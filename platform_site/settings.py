@@ -198,6 +198,9 @@ MAX_ADAPTER_BYTES = env.int("LORAPLEX_MAX_ADAPTER_BYTES", default=512 * 1024 * 1
 # Eval sets (registry/eval_sets.py): JSONL rows each adapter version is measured on.
 EVAL_MAX_ROWS = env.int("LORAPLEX_EVAL_MAX_ROWS", default=200)
 EVAL_MAX_BYTES = env.int("LORAPLEX_EVAL_MAX_BYTES", default=1024 * 1024)
+# The tokens one evaluation scores (rows times their length, counted as the bytes of their
+# texts): bounded, since the worker scores them twice (adapter and base) on the engine.
+EVAL_MAX_TOKENS = env.int("LORAPLEX_EVAL_MAX_TOKENS", default=200_000)
 # The quality gate (registry/quality.py): a version serves only while its eval-set perplexity
 # is at most this factor of its first evaluation's figure, and (when set; off by default) at
 # most this factor of the base model's perplexity alone on the same rows.

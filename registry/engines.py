@@ -176,7 +176,7 @@ def score_on_engine(
     merged into one. Raises ScoringFailed; `timeout` bounds the wait for each answer."""
     uid = None if version_uid is None else str(version_uid)
     answers = [_score_batch(uid, batch, timeout) for batch in _batches(list(rows))]
-    return answers[0] if len(answers) == 1 else _merged(answers)
+    return answers[0] if len(answers) == 1 else merge_answers(answers)
 
 
 def _encode(body) -> bytes:
@@ -235,7 +235,7 @@ def _scoring_engines() -> list[str]:
     return urls
 
 
-def _merged(answers: list[dict]) -> dict:
+def merge_answers(answers: list[dict]) -> dict:
     """One answer for several requests' rows, in order, with the totals over all of them."""
     if len({answer["base_revision"] for answer in answers}) > 1:
         raise ScoringFailed("the base model's revision changed while scoring", [], retryable=True)

@@ -18,6 +18,7 @@ from inference.engine.errors import InvalidMessagesError
 from .errors import InvalidEvalSet, UploadTooLarge
 
 MAX_ROW_CHARS = 16 * 1024  # prompt (or every message's content) plus completion, per row
+TOKENS_SETTING = "LORAPLEX_EVAL_MAX_TOKENS"
 FIELDS = ("messages", "prompt", "completion")
 _BOM = "\ufeff"
 
@@ -30,6 +31,14 @@ class EvalRow:
     completion: str
     messages: tuple[dict, ...] | None = None
     prompt: str | None = None
+
+    @property
+    def token_bound(self) -> int:
+        """At most how many tokens the engine scores for this row, without its tokenizer: the
+        UTF-8 bytes of its texts (byte-level BPE makes at most one token per byte, and
+        SentencePiece falls back to bytes). The chat template's few tokens are not counted."""
+        texts = [m["content"] for m in self.messages] if self.messages else [self.prompt or ""]
+        return sum(len(text.encode()) for text in texts) + len(self.completion.encode())
 
     def to_dict(self) -> dict:
         """The row as a JSON object of the accepted shape."""
@@ -44,10 +53,14 @@ def parse_eval_set(
     max_rows: int,
     max_bytes: int,
     max_row_chars: int = MAX_ROW_CHARS,
+    max_tokens: int | None = None,
     param: str = "file",
 ) -> list[EvalRow]:
     """Every row of an eval set, or the first thing wrong with it (line and field named).
 
+    `max_tokens` bounds the whole set's scoring work (`EvalRow.token_bound`, summed): rows
+    times their length, which the row and byte limits alone let reach a million tokens per
+    version. None for sets already stored, read under the limits they were accepted with.
     `param` is the request field the bytes came in (`file`, or `eval` in a version upload).
     """
     if len(data) > max_bytes:
@@ -59,6 +72,7 @@ def parse_eval_set(
         )
     text = _decode(data, param)
     rows: list[EvalRow] = []
+    tokens = 0
     for number, line in enumerate(text.split("\n"), 1):
         if line.endswith("\r"):
             line = line[:-1]
@@ -73,6 +87,18 @@ def parse_eval_set(
                 param,
             )
         rows.append(_parse_row(line, number, max_row_chars=max_row_chars, param=param))
+        if max_tokens is not None:
+            tokens += rows[-1].token_bound
+            if tokens > max_tokens:
+                raise _invalid(
+                    number,
+                    None,
+                    f"the rows up to here hold up to {tokens} tokens to score (counted as the "
+                    "UTF-8 bytes of their prompts or messages and completions); this "
+                    f"deployment scores at most {max_tokens} per eval set ({TOKENS_SETTING}): "
+                    "use fewer or shorter rows",
+                    param,
+                )
     if not rows:
         raise InvalidEvalSet(
             "the eval set has no rows: send one JSON object per line, each "

@@ -3,7 +3,8 @@ dies mid-task leaves the message to be redelivered, and the sweep catches what i
 retried with exponential backoff when object storage or the database fails. Evaluations wait
 by the clock instead (`Wait`): an engine restarting on new weights comes back by itself, in
 minutes. Any other exception ends the version rejected (an evaluation failed) with an error
-id, never stuck in `validating` (or `running`)."""
+id, never stuck in `validating` (or `running`). Each kind of work has its own queue
+(platform_site/celery.py); evaluations also take turns between tenants (evaluation_turns.py)."""
 
 import logging
 import time
@@ -20,7 +21,9 @@ from . import queue, staging
 from .errors import StorageUnavailable
 from .models import AdapterVersion, Evaluation
 from .services.base_models import base_model_recheck
+from .services.evaluation_turns import NotItsTurn
 from .services.evaluations import (
+    EvaluationCancelled,
     EvaluationUnavailable,
     evaluation_crash,
     evaluation_fail,
@@ -106,6 +109,8 @@ def run_retrying(
     crash: Callable[[Exception], object],
     retrying: Callable[[str, int, float], object] | None = None,
     wait: Wait | None = None,
+    postponed: tuple[type[NotItsTurn], ...] = (),
+    stopped: tuple[type[Exception], ...] = (),
 ) -> str:
     """Run a task's `work()` (a service returning a row, or None: nothing to do) under the
     registry's policy, and answer the row's status, or `ended` when a handler ended it.
@@ -114,9 +119,16 @@ def run_retrying(
     first) until the retries are spent, or with `wait` until its time is, then
     `give_up(why, attempts)`; the database failing is always retried, it says nothing about
     the work; past the soft time limit `fail(reason)`; anything else is a bug: `crash(exc)`.
+    `postponed` errors run it again after their `countdown`, without counting as a retry's
+    wait; `stopped` ones end it "cancelled" (the service recorded why).
     """
     try:
         row = work()
+    except postponed as exc:
+        retry_later(task, exc, exc.countdown)
+    except stopped as exc:
+        log.info("%s stopped: %s", what, exc)
+        return "cancelled"
     except transient as exc:
         _retry_transient(task, exc, wait=wait, give_up=give_up, retrying=retrying)
         return ended
@@ -200,7 +212,8 @@ def evaluate_adapter_version(self, evaluation_id: int, waiting_since: float | No
     """Score a version's eval set on an engine and apply the quality gate. Until an engine
     serving the revision (and storage) answers, it waits (`evaluation_wait()`; its retries
     carry `waiting_since`), the version pending; a refusal no engine would change fails it at
-    once, and so does the wait spent."""
+    once, and so does the wait spent. While another of its tenant's evaluations runs, it asks
+    again shortly; a deleted or superseded version's evaluation stops between requests."""
     return run_retrying(
         self,
         lambda: evaluation_run(evaluation_id=evaluation_id),
@@ -216,6 +229,8 @@ def evaluate_adapter_version(self, evaluation_id: int, waiting_since: float | No
         ),
         fail=lambda reason: evaluation_fail(evaluation_id=evaluation_id, reason=reason),
         crash=lambda exc: evaluation_crash(evaluation_id=evaluation_id, exc=exc),
+        postponed=(NotItsTurn,),
+        stopped=(EvaluationCancelled,),
     )
 
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The embedded default: SQLite, filesystem broker, local object store, all under
 # LORAPLEX_VAR_DIR; the engine in-process on CPU with the bundled SmolLM2. Runs the server
-# and a real Celery worker (with beat) in the foreground; Ctrl-C stops both. The banner with
-# the examples prints once the server answers /readyz and the demo adapters passed the gate.
+# and real Celery workers (one with beat, one for evaluations) in the foreground; Ctrl-C
+# stops them all. The banner with the examples prints once the server answers /readyz and
+# the demo adapters passed the gate.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
@@ -33,14 +34,22 @@ export LORAPLEX_ENGINE_URLS=${LORAPLEX_ENGINE_URLS:-$URL}
 DEMO_LORAS="$PWD/registry/demo/adapters"
 export LORAPLEX_LORA_PATH_ROOTS="${LORAPLEX_LORA_PATH_ROOTS:+$LORAPLEX_LORA_PATH_ROOTS,}$DEMO_LORAS"
 
-# -B: the same process runs Celery beat, which schedules the registry's periodic sweep.
-"$VENV/bin/celery" -A platform_site worker -B -P solo --loglevel INFO &
+# Two workers, so that an upload's validation never waits behind an eval set's scoring
+# (platform_site/celery.py: a queue per kind of work). One takes validation, staging and the
+# periodic tasks, one at a time; -B: it also runs Celery beat, which schedules the sweeps.
+# The other scores evaluations, two at a time in threads (each mostly waits on the engine;
+# one per tenant at a time), so one tenant's long evaluation leaves room for another's.
+"$VENV/bin/celery" -A platform_site worker -B -P solo -Q celery,validation,staging \
+  -n main@%h --loglevel INFO &
 WORKER=$!
+"$VENV/bin/celery" -A platform_site worker -P threads --concurrency 2 -Q evaluation \
+  -n evaluation@%h --loglevel INFO &
+EVALUATOR=$!
 "$PY" manage.py serve --host "$HOST" --port "$PORT" &
 SERVER=$!
 stop() {
-  kill -TERM "$SERVER" "$WORKER" 2>/dev/null || true
-  wait "$SERVER" "$WORKER" 2>/dev/null || true
+  kill -TERM "$SERVER" "$WORKER" "$EVALUATOR" 2>/dev/null || true
+  wait "$SERVER" "$WORKER" "$EVALUATOR" 2>/dev/null || true
 }
 trap stop EXIT INT TERM
 

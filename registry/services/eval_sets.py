@@ -43,7 +43,8 @@ class CheckedEvalSet:
 
 
 def eval_set_check(file: BinaryIO, *, param: str = EVAL_SET_FIELD) -> CheckedEvalSet:
-    """Read an eval set (at most LORAPLEX_EVAL_MAX_BYTES, then refused) and validate every row.
+    """Read an eval set (at most LORAPLEX_EVAL_MAX_BYTES, then refused) and validate every row
+    (and their tokens to score: at most LORAPLEX_EVAL_MAX_TOKENS).
 
     Stores nothing; raises InvalidEvalSet (the line and field named) or UploadTooLarge.
     `param` is the request field the file came in, for the error.
@@ -51,7 +52,11 @@ def eval_set_check(file: BinaryIO, *, param: str = EVAL_SET_FIELD) -> CheckedEva
     file.seek(0)
     data = file.read(settings.EVAL_MAX_BYTES + 1)
     rows = parse_eval_set(
-        data, max_rows=settings.EVAL_MAX_ROWS, max_bytes=settings.EVAL_MAX_BYTES, param=param
+        data,
+        max_rows=settings.EVAL_MAX_ROWS,
+        max_bytes=settings.EVAL_MAX_BYTES,
+        max_tokens=settings.EVAL_MAX_TOKENS,
+        param=param,
     )
     return CheckedEvalSet(data, Digest(hashlib.sha256(data).hexdigest(), len(data)), rows)
 

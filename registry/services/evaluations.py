@@ -24,13 +24,14 @@ from django.utils import timezone
 from audit.services import SYSTEM_EVALUATOR
 
 from .. import objectstore, queue
-from ..engines import SCORE_TIMEOUT_SECONDS, ScoringFailed, score_on_engine
+from ..engines import SCORE_TIMEOUT_SECONDS, ScoringFailed, merge_answers, score_on_engine
 from ..errors import InvalidTransition, ObjectMissing, UploadTooLarge
 from ..eval_sets import EvalRow, parse_eval_set
 from ..models import AdapterVersion, BaseModel, EvalSet, Evaluation
 from ..quality import factors, figure, short_revision, verdict
 from ..selectors import eval_set_for
 from ..staging import StagingError
+from .evaluation_turns import NotItsTurn, lock_tenant, running_for_tenant, tenant_of
 from .failures import log_unexpected
 from .quality import quality_move
 from .transitions import locked_version
@@ -40,11 +41,20 @@ Status = Evaluation.Status
 Trigger = Evaluation.Trigger
 Quality = AdapterVersion.Quality
 USAGE_WINDOW = timedelta(days=30)  # "most used" for the order of re-evaluations
+# Rows to a scoring request: the engine's rows in flight at once (inference/operator/scoring.py
+# scores 8 at a time), so that a deleted or superseded version's scoring stops within one.
+SCORE_CHUNK_ROWS = 8
 
 
 class EvaluationUnavailable(Exception):
     """Nothing could measure the version yet (no engine answering, one restarting, or still
     on the old revision): the task waits and tries again. The version stays pending."""
+
+
+class EvaluationCancelled(Exception):
+    """The evaluation stopped while scoring: its version (or adapter) was deleted, or it was
+    superseded (then it is recorded failed, the version's quality untouched). The rows left
+    are not sent."""
 
 
 # ---------------------------------------------------------------- requesting
@@ -207,7 +217,13 @@ def evaluations_rerun(*, versions, actor: str) -> list[Evaluation]:
 
 
 def _start(evaluation_id: int) -> Evaluation | None:
+    """Mark it running, its tenant's turn taken (evaluation_turns.py); None when there is
+    nothing to do. Raises NotItsTurn while another of the tenant's evaluations runs."""
+    tenant_id = tenant_of(evaluation_id)
+    if tenant_id is None:
+        return None
     with transaction.atomic():
+        lock_tenant(tenant_id)  # the tenant first, as uploads lock it: one order, no deadlock
         evaluation = (
             Evaluation.objects.select_for_update(of=("self",))
             .select_related("version__adapter__tenant", "version__adapter__base_model", "eval_set")
@@ -216,11 +232,18 @@ def _start(evaluation_id: int) -> Evaluation | None:
         )
         if evaluation is None or evaluation.status in Evaluation.FINISHED:
             return None
-        evaluation.status = Status.RUNNING
-        evaluation.attempts += 1
+        running = running_for_tenant(tenant_id=tenant_id, other_than=evaluation.pk)
+        # Its message is alive: stamped, so that the sweep does not queue it a second time.
         evaluation.started_at = timezone.now()
+        if running is None:
+            evaluation.status = Status.RUNNING
+            evaluation.attempts += 1
         evaluation.save(update_fields=["status", "attempts", "started_at"])
-        return evaluation
+    if running is not None:
+        raise NotItsTurn(
+            f"evaluation {evaluation_id} waits for its tenant's evaluation {running.pk} to end"
+        )
+    return evaluation
 
 
 def _superseded(evaluation: Evaluation) -> str | None:
@@ -267,8 +290,9 @@ def _score_timeout() -> float:
 def evaluation_run(*, evaluation_id: int) -> Evaluation | None:
     """Measure one queued evaluation and record the verdict; None when there is nothing to do.
 
-    Raises EvaluationUnavailable or StorageUnavailable for the task to retry. A refusal by
-    the engine, or an eval set whose bytes are gone or changed, fails it at once.
+    Raises EvaluationUnavailable or StorageUnavailable for the task to retry, NotItsTurn for
+    it to ask again shortly, EvaluationCancelled when it stopped scoring. A refusal by the
+    engine, or an eval set whose bytes are gone or changed, fails it at once.
     """
     evaluation = _start(evaluation_id)
     if evaluation is None:
@@ -286,9 +310,7 @@ def evaluation_run(*, evaluation_id: int) -> Evaluation | None:
             reason=f"evaluation failed {where}: the eval set could not be read: {exc.message}",
         )
     try:
-        answer = score_on_engine(
-            evaluation.version.uid, [row.to_dict() for row in rows], timeout=_score_timeout()
-        )
+        answer = _score_in_chunks(evaluation, [row.to_dict() for row in rows])
     except ScoringFailed as exc:
         # Tenants read the reason: the engines' addresses go to the log, not into it.
         log.warning("evaluation %s: %s", evaluation_id, exc)
@@ -310,6 +332,36 @@ def evaluation_run(*, evaluation_id: int) -> Evaluation | None:
             reason=f"evaluation failed {where}: the engine's answer holds no usable figures",
         )
     return _record(evaluation_id, figures)
+
+
+def _score_in_chunks(evaluation: Evaluation, rows: list[dict]) -> dict:
+    """The engine's answer for every row, SCORE_CHUNK_ROWS to a request, the evaluation
+    checked before each (`_check_still_wanted`): a deleted version's scoring stops there."""
+    answers = []
+    for start in range(0, len(rows), SCORE_CHUNK_ROWS):
+        if start:
+            _check_still_wanted(evaluation.pk)
+        chunk = rows[start : start + SCORE_CHUNK_ROWS]
+        answers.append(score_on_engine(evaluation.version.uid, chunk, timeout=_score_timeout()))
+    return answers[0] if len(answers) == 1 else merge_answers(answers)
+
+
+def _check_still_wanted(evaluation_id: int) -> None:
+    """Raise EvaluationCancelled when the evaluation should stop scoring: gone (its version
+    or adapter deleted), no longer running here (the sweep queued it again), or superseded
+    (recorded failed, saying why)."""
+    evaluation = Evaluation.objects.select_related("eval_set").filter(pk=evaluation_id).first()
+    if evaluation is None:
+        raise EvaluationCancelled("its version was deleted")
+    if evaluation.status != Status.RUNNING:
+        raise EvaluationCancelled(f"it is {evaluation.status} now")
+    try:
+        why = _superseded(evaluation)
+    except AdapterVersion.DoesNotExist:  # deleted since the line above
+        raise EvaluationCancelled("its version was deleted") from None
+    if why is not None:
+        _finish_failed(evaluation_id, why, apply=False)
+        raise EvaluationCancelled(why)
 
 
 def _number(value, *, integer: bool = False):

@@ -78,20 +78,22 @@ def compose():
 
 def test_compose_runs_the_whole_topology_with_health_checks_and_volumes(compose):
     services = compose["services"]
+    workers = ("worker", "worker-staging", "worker-evaluation")  # one per queue
     assert set(services) == {
-        "postgres", "redis", "minio", "init", "web", "worker", "engine", "router"
+        "postgres", "redis", "minio", "init", "web", *workers, "engine", "router"
     }  # fmt: skip
-    for name in ("postgres", "redis", "minio", "web", "worker", "engine"):
+    for name in ("postgres", "redis", "minio", "web", *workers, "engine"):
         assert "healthcheck" in services[name], name
     for name in ("web", "engine"):
         assert "/readyz" in " ".join(services[name]["healthcheck"]["test"])
         assert services[name]["command"][:3] == ["python", "manage.py", "serve"]
     assert services["web"]["environment"]["LORAPLEX_ENGINE"] == "off"
     assert services["engine"]["environment"]["LORAPLEX_ENGINE"] == "on"
-    for name in ("web", "worker"):  # pins, the Engines page and scoring reach every replica
+    # pins, the Engines page and scoring reach every replica
+    for name in ("web", "worker", "worker-evaluation"):
         assert services[name]["environment"]["LORAPLEX_ENGINE_URLS"] == "dns+http://engine:8000"
     assert services["worker"]["command"][:5] == ["celery", "-A", "platform_site", "worker", "-B"]
-    for name in ("web", "worker", "engine"):
+    for name in ("web", *workers, "engine"):
         assert services[name]["depends_on"]["init"]["condition"] == "service_completed_successfully"
     assert set(compose["volumes"]) == {
         "postgres-data",

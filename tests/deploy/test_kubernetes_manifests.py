@@ -22,8 +22,9 @@ KUBERNETES = DEPLOY / "kubernetes"
 CRD_SCHEMA = Path(__file__).parent / "schemas" / "inferencepool-v1.json"
 VERSIONS = ("1.30.0", "1.37.0")  # the oldest still supported upstream when written, the newest
 CUSTOM = {"inference.networking.k8s.io/v1": "InferencePool"}
-# A secret's name, word by word: LORAPLEX_OPERATOR_TOKEN is one, LORAPLEX_MAX_TOKENS_CAP is not.
-SECRET_LIKE = re.compile(r"(^|_)(SECRET|TOKEN|PASSWORD|ACCESS_KEY)(_|$)|DATABASE_URL")
+# A secret's name, word by word: LORAPLEX_OPERATOR_TOKEN is one, LORAPLEX_MAX_TOKENS_CAP and
+# LORAPLEX_MAX_CHARS_PER_TOKEN (a ratio) are not.
+SECRET_LIKE = re.compile(r"(^|(?<!_PER)_)(SECRET|TOKEN|PASSWORD|ACCESS_KEY)(_|$)|DATABASE_URL")
 COMPOSE_ONLY = {"POSTGRES_PASSWORD", "MINIO_ROOT_USER", "MINIO_ROOT_PASSWORD"}
 
 
