@@ -271,6 +271,9 @@ def test_eight_tenants_through_worker_and_redis_restarts_lose_nothing_and_leak_n
             "LORAPLEX_MAX_CPU_LORAS": "8",
             "LORAPLEX_KV_CACHE_BYTES": str(16 * 1024 * 1024),
             "LORAPLEX_MAX_REQUEST_BYTES": str(1024 * 1024),  # the default: a 1 MB /tokenize
+            # The attacks at full strength: what the probe measures is the engine's and the
+            # server's fairness, not the token budget turning the attacker away.
+            "LORAPLEX_RATE_LIMIT_TPM": str(10_000_000),
         },
         name="serve-soak",
     )
