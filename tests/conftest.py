@@ -16,6 +16,14 @@ from tenants.scopes import ALL_SCOPES, MEMBER
 from tenants.services import api_key_create, membership_set, tenant_create, user_get_or_create
 
 
+def pytest_report_header(config):
+    """The CPU and torch's kernel choice on it, atop every run: fp32 parity results differ
+    in their last bits between instruction sets."""
+    from tests.cpu_description import cpu_description  # torch: only once a session starts
+
+    return f"cpu: {cpu_description()}"
+
+
 @pytest.fixture(scope="session", autouse=True)
 def sqlite_test_transactions_begin_deferred():
     """On SQLite, the one transaction wrapping a `django_db` test begins DEFERRED.
