@@ -95,6 +95,7 @@ class RequestLoop(Attack):
     def running(self) -> Iterator[None]:
         stop, answered = threading.Event(), threading.Event()
         failures: list[BaseException] = []
+        counting = threading.Lock()
         self.runs += 1
 
         def loop(index: int) -> None:
@@ -105,7 +106,8 @@ class RequestLoop(Attack):
                         status = self.send(rng).status_code
                     except httpx.HTTPError:
                         status = 0
-                    self.statuses[status] += 1
+                    with counting:
+                        self.statuses[status] += 1
                     answered.set()
             except BaseException as exc:  # surfaced below, not lost in a thread
                 failures.append(exc)
