@@ -348,13 +348,14 @@ def _score_in_chunks(evaluation: Evaluation, rows: list[dict]) -> dict:
 
 def _check_still_wanted(evaluation_id: int) -> None:
     """Raise EvaluationCancelled when the evaluation should stop scoring: gone (its version
-    or adapter deleted), no longer running here (the sweep queued it again), or superseded
-    (recorded failed, saying why)."""
+    or adapter deleted), decided by another delivery, or superseded (recorded failed, saying
+    why). One the sweep queued again goes on: its figures are recorded by whichever ends
+    first."""
     evaluation = Evaluation.objects.select_related("eval_set").filter(pk=evaluation_id).first()
     if evaluation is None:
         raise EvaluationCancelled("its version was deleted")
-    if evaluation.status != Status.RUNNING:
-        raise EvaluationCancelled(f"it is {evaluation.status} now")
+    if evaluation.status in Evaluation.FINISHED:
+        raise EvaluationCancelled(f"it ended {evaluation.status} in another delivery")
     try:
         why = _superseded(evaluation)
     except AdapterVersion.DoesNotExist:  # deleted since the line above
