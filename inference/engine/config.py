@@ -61,6 +61,14 @@ class EngineConfig:
     # never joins a step of tenants' decodes alone (scheduler.py). 0: no such budget.
     # Default: 32 on cpu, 256 on cuda (_check_background_budget); at most the step's budget
     background_tokens_per_step: int | None = None
+    # tenants (fairness keys) share a step's prefill tokens equally, and beside another
+    # tenant's shorter prompt a prompt feeds no more than that one needs, but at least this
+    # many tokens (scheduler.py, prefill_share.py). 0: no such cap, the equal shares only.
+    # Default: 32 on cpu, 256 on cuda (_check_prefill_share)
+    long_prefill_token_threshold: int | None = None
+    # the most prompts left part-way through their prefill at once; a waiting prompt that
+    # would start part-way waits while that many are (one that finishes in its step never)
+    max_num_partial_prefills: int = 4
     block_size: int = 16
     # reuse the KV blocks of prompt prefixes already computed (per adapter)
     enable_prefix_caching: bool = True
@@ -138,6 +146,7 @@ class EngineConfig:
             )
         self._check_batch_budget(device)
         self._check_background_budget(device)
+        self._check_prefill_share(device)
         if self.max_num_seqs < 1 or self.block_size < 1:
             raise ConfigError("max_num_seqs and block_size must be positive")
         if self.kv_cache_bytes is not None and self.kv_cache_bytes < self.kv_block_bytes:
@@ -192,6 +201,22 @@ class EngineConfig:
                 f"background_tokens_per_step must be a non-negative integer, got {value!r}"
             )
         self.background_tokens_per_step = min(value, self.max_num_batched_tokens)
+
+    def _check_prefill_share(self, device: torch.device) -> None:
+        """A prompt beside another tenant's shorter one is cut to about that one's need, so
+        the short request's step costs about what it would alone; the floor keeps the long
+        prompt advancing. The floors are the background budget's, for the same reason: what
+        a step of that many tokens costs is about what a decode step costs."""
+        value = self.long_prefill_token_threshold
+        if value is None:
+            self.long_prefill_token_threshold = 256 if device.type == "cuda" else 32
+        elif isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ConfigError(
+                f"long_prefill_token_threshold must be a non-negative integer, got {value!r}"
+            )
+        value = self.max_num_partial_prefills
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"max_num_partial_prefills must be a positive integer, got {value!r}")
 
     def _check_lora(self) -> None:
         if not isinstance(self.deterministic_kernels, bool):

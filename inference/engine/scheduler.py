@@ -1,11 +1,17 @@
 """Continuous batching with chunked prefill: which sequences feed which tokens next step.
 
-Every step has a token budget (`max_num_batched_tokens`). Running sequences come first:
-those decoding feed their newest token (one each), those still prefilling feed the next
-chunk of their prompt; then waiting sequences are admitted, each fed as much of its
-prompt as the budget has left. So a long prompt is prefilled over several steps while
-running streams keep producing a token each step. With `enable_chunked_prefill` off, a
-prompt is admitted only whole and the budget counts prefill tokens only. A sequence
+Every step has a token budget (`max_num_batched_tokens`). Running sequences that decode
+come first, their newest token each. What is left goes to prefills, shared by tenant
+(fairness key, prefill_share.py): the prompts still prefilling and the waiting ones that can
+start (taken in admission order) split it equally between tenants, a tenant's own prompts
+in turn, and beside another tenant's shorter prompt a prompt feeds no more than that one
+needs (at least `long_prefill_token_threshold`). So a long prompt is prefilled over several
+steps while running streams keep producing a token each step, it advances in every step,
+and another tenant's short request starts in the next step, in a step about as short as
+its own. Waiting sequences stay in line when starting them would leave more than
+`max_num_partial_prefills` prompts part-way (one that finishes in its step never waits for
+that). With `enable_chunked_prefill` off, there are no shares: the prompts under way, then
+waiting ones, are admitted only whole and the budget counts prefill tokens only. A sequence
 admitted gets KV blocks for all its tokens at once, sharing the blocks of the longest prefix
 the cache already holds (block_manager.py), and only the rest is fed.
 
@@ -36,6 +42,7 @@ from dataclasses import dataclass, field
 from .block_manager import BlockManager
 from .config import EngineConfig
 from .lora.manager import LoRAManager
+from .prefill_share import Claim, PrefillShare
 from .request import Priority
 from .sequence import Sequence, SequenceStatus
 
@@ -76,6 +83,9 @@ class Scheduler:
         assert config.background_tokens_per_step is not None  # resolved by EngineConfig
         self.background_tokens_per_step = config.background_tokens_per_step
         self.chunked_prefill = config.enable_chunked_prefill
+        assert config.long_prefill_token_threshold is not None  # resolved by EngineConfig
+        self.long_prefill_threshold = config.long_prefill_token_threshold
+        self.max_num_partial_prefills = config.max_num_partial_prefills
         self.block_manager = block_manager
         self.lora = lora_manager  # None when LoRA is off
         self.waiting: deque[Sequence] = deque()
@@ -122,8 +132,12 @@ class Scheduler:
         return min(budget, cap) or None
 
     def _schedule_class(self, priority: int, budget: int, batch: ScheduledBatch) -> int:
-        budget = self._schedule_running(priority, budget, batch)
-        return self._admit_waiting(priority, budget, batch)
+        budget = self._schedule_decodes(priority, budget, batch)
+        if self.chunked_prefill:
+            return self._schedule_prefills(priority, budget, batch)
+        budget = self._schedule_running_prefills(priority, budget, batch)
+        order = self._admission_order(priority)
+        return self._admit_waiting([(seq, len(seq)) for seq in order], budget, batch)
 
     def mark_computed(self, batch: ScheduledBatch) -> None:
         """After the forward: the batch's tokens are in the cache (and blocks that fell
@@ -142,11 +156,11 @@ class Scheduler:
         self._scheduled.add(id(seq))
         self.block_manager.commit(seq, seq.num_computed_tokens + n)
 
-    def _schedule_running(self, priority: int, budget: int, batch: ScheduledBatch) -> int:
-        """Decodes first (one token each), then the next chunk of each prefilling sequence."""
-        members = [s for s in self.running if s.priority == priority]
-        decoding = [s for s in members if s.num_uncomputed_tokens == 1]
-        prefilling = [s for s in members if s.num_uncomputed_tokens > 1]
+    def _schedule_decodes(self, priority: int, budget: int, batch: ScheduledBatch) -> int:
+        """The running sequences of the class that decode: one token each."""
+        decoding = [
+            s for s in self.running if s.priority == priority and s.num_uncomputed_tokens == 1
+        ]
         for seq in decoding:
             if budget == 0 and self.chunked_prefill:
                 return 0
@@ -165,19 +179,89 @@ class Scheduler:
                 self._add_to(batch, seq, 1)
                 if self.chunked_prefill:  # unchunked, the budget bounds prefill tokens only
                     budget -= 1
-        for seq in prefilling:
+        return budget
+
+    def _prefilling(self, priority: int) -> list[Sequence]:
+        """The running sequences of the class still prefilling, in the order admitted."""
+        return [
+            s
+            for s in self.running
+            if s.priority == priority
+            and s.status is SequenceStatus.RUNNING
+            and s.num_uncomputed_tokens > 1
+        ]
+
+    def _schedule_running_prefills(self, priority: int, budget: int, batch: ScheduledBatch) -> int:
+        """Without chunked prefill: each prompt under way, as much as the budget holds."""
+        for seq in self._prefilling(priority):
             if budget == 0:
                 return 0
-            if seq.status is not SequenceStatus.RUNNING:
-                continue
             n = min(seq.num_uncomputed_tokens, budget)
             self._add_to(batch, seq, n)
             budget -= n
         return budget
 
-    def _admit_waiting(self, priority: int, budget: int, batch: ScheduledBatch) -> int:
-        admitted: set[int] = set()
+    def _schedule_prefills(self, priority: int, budget: int, batch: ScheduledBatch) -> int:
+        """With chunked prefill: the prompts under way and the waiting ones that can start
+        share what the step has left by tenant (prefill_share.py)."""
+        if budget == 0:
+            return 0
+        share = PrefillShare(budget, self.long_prefill_threshold, self.max_num_partial_prefills)
+        under_way = [(seq, share.add(seq.fairness_key, seq.num_uncomputed_tokens))
+                     for seq in self._prefilling(priority)]  # fmt: skip
+        starting = self._offer_waiting(priority, share)
+        for seq, claim in under_way:  # named first, so a prompt admitted now can share them
+            if claim.tokens:
+                self._add_to(batch, seq, claim.tokens)
+                budget -= claim.tokens
+        return self._admit_waiting([(seq, claim.tokens) for seq, claim in starting], budget, batch)
+
+    def _offer_waiting(self, priority: int, share: PrefillShare) -> list[tuple[Sequence, Claim]]:
+        """The waiting sequences, in admission order, that get tokens of the step if admitted:
+        as many as the sequence slots (freed by preempting worse classes, too) allow, none
+        whose adapter is still loading. Their cached prefix is as the cache holds it now
+        (admission looks again)."""
+        slots = self.max_num_seqs - sum(
+            1 for s in self.running if not (s.priority > priority and id(s) not in self._scheduled)
+        )
+        starting: list[tuple[Sequence, Claim]] = []
         for seq in self._admission_order(priority):
+            if len(starting) >= slots or share.budget <= share.num_tenants:
+                break  # no slot, or no token left for one more tenant
+            if not self._adapter_in_memory(seq):
+                self._ask_for_adapter(seq)
+                continue
+            cached = self.block_manager.cached_prefix(seq)
+            claim = share.offer(
+                seq.fairness_key, len(seq) - len(cached) * self.block_manager.block_size
+            )
+            if claim is not None:
+                starting.append((seq, claim))
+        return starting
+
+    def _adapter_in_memory(self, seq: Sequence) -> bool:
+        """False while the sequence's adapter is neither in a device slot nor in host memory
+        (loading): it could not be admitted, so it takes no share of the step. Whether a
+        slot is free is left to admission (taking one has effects)."""
+        if self.lora is None or seq.lora_request is None:
+            return True
+        entry = self.lora.adapters.get(seq.lora_request.adapter_id)
+        return entry is not None and (entry.slot is not None or entry.host is not None)
+
+    def _ask_for_adapter(self, seq: Sequence) -> None:
+        """Ask for the adapter's load again if it was evicted from host memory since the
+        request came (as an admission attempt does); nothing is taken."""
+        assert self.lora is not None
+        if self.lora.acquire(seq):  # only when it came in meanwhile: let the slot go again
+            self.lora.unacquire(seq)
+
+    def _admit_waiting(
+        self, candidates: list[tuple[Sequence, int]], budget: int, batch: ScheduledBatch
+    ) -> int:
+        """Admit waiting sequences in the given order, each fed at most its given tokens;
+        the first that lacks a slot or KV blocks stops the rest (it stays first in line)."""
+        admitted: set[int] = set()
+        for seq, most in candidates:
             if budget == 0 or not self._make_room_for(seq):
                 break
             # the adapter first: taking its slot may move or forget blocks (memory_pool.py),
@@ -194,7 +278,7 @@ class Scheduler:
             self._set_status(seq, SequenceStatus.RUNNING)
             seq.admitted_order = next(self._admissions)
             self.running.append(seq)
-            n = min(n, budget)
+            n = min(n, budget, most)
             self._add_to(batch, seq, n)
             admitted.add(id(seq))
             budget -= n
