@@ -24,13 +24,18 @@ one step each:
 
 Each engine keeps its own clock, advanced by its steps only: by default the CPU time the
 process spends in them (time.process_time, both torch threads), which load from other
-processes on a shared machine barely moves; `--wall` measures wall time instead (the
+processes moves less than wall time (not nothing: a torch thread waiting for one that was
+descheduled spins); `--wall` measures wall time instead (the
 other clock's figures are reported too, arrivals on it placed at the same offset).
-Figures per engine: the short chats' TTFT idle (median), arriving with the long prompt, and
-arriving while it prefills (median and max over those that arrived before its first token),
-each as a ratio to idle; the long prompt's TTFT beside the chats and alone, and their
-ratio. Goals (fair): a short chat's TTFT while the long prompt prefills <= 3x idle; the long
-prompt's TTFT beside <= 1.3x alone. The last line is one JSON object of the figures.
+Phase 3's short chats also go, each as the fair engine takes it in, to a third engine that
+is otherwise idle and steps in turn with the two: their TTFT there (median) is the idle
+TTFT the ratios use, measured under the same load from elsewhere as the chats beside the
+long prompt (phase 1's figure is reported too). Figures per engine: the short chats' TTFT
+arriving with the long prompt, and arriving while it prefills (median and max over those
+that arrived before its first token), each as a ratio to idle; the long prompt's TTFT
+beside the chats and alone, and their ratio. Goals (fair): a short chat's TTFT while the
+long prompt prefills <= 3x idle; the long prompt's TTFT beside <= 1.3x alone. The last line
+is one JSON object of the figures.
 """
 
 import importlib.util
@@ -102,6 +107,7 @@ class Side:
         self.first: dict[str, tuple[float, float]] = {}
         self.pending: list[tuple[float, EngineRequest]] = []  # (when, request) in order
         self.watch: set[str] = set()  # the phase is over once these have a first token
+        self.mirror: Side | None = None  # takes a copy of each request it watches, as we do
 
     def start(self, arrivals: list[tuple[float, EngineRequest]], watch: set[str]) -> None:
         self.pending = sorted(((self.clock + t, r) for t, r in arrivals), key=lambda a: a[0])
@@ -122,6 +128,9 @@ class Side:
             self.engine.add_request(request)
             # it may have waited for the step under way: that counts
             self.arrival[request.request_id] = (when, self.other - (self.clock - when))
+            if self.mirror is not None and request.request_id in self.mirror.watch:
+                self.mirror.engine.add_request(request)
+                self.mirror.arrival[request.request_id] = (self.mirror.clock, self.mirror.other)
         if not self.engine.has_unfinished():
             return
         cpu, wall = time.process_time(), time.perf_counter()
@@ -179,6 +188,9 @@ def main():
             engine.config, engine.block_manager, engine.lora_manager
         )
         sides.append(Side("before", engine, cpu_clock))
+    # the short chats of phase 3 again, each on an idle engine as the fair one takes it in,
+    # stepped in turn with the others: an idle TTFT measured under the same load
+    idle_side = Side("idle", LLMEngine(model=base, **options), cpu_clock)
     tok = sides[0].engine.tokenizer
     short = SamplingParams(temperature=0, max_tokens=args.short_max_tokens, ignore_eos=True)
     long_params = SamplingParams(
@@ -196,7 +208,7 @@ def main():
         flush=True,
     )
     warm = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
-    for side in sides:  # warm-up, on prompts the measured ones share nothing with
+    for side in [*sides, idle_side]:  # warm-up, on prompts the measured ones share nothing with
         side.engine.generate([short_prompt(tok, "warm", 0), longs[0][:1000]], warm)
 
     def idle_phase(ids: list[str]) -> None:
@@ -218,7 +230,11 @@ def main():
         arrivals += [(i * gap, request(rid, short_prompt(tok, "beside", i), short, "B"))
                      for i, rid in enumerate(beside_ids)]  # fmt: skip
         phase[side.name] = (arrivals, {"long", *beside_ids})
-    in_turn(sides, phase)
+    phase["idle"] = ([], set(beside_ids))
+    sides[0].mirror = idle_side
+    in_turn([*sides, idle_side], phase)
+    sides[0].mirror = None
+    paired = statistics.median(idle_side.ttft(rid) for rid in beside_ids)
     idle_phase(idle_ids[args.shorts :])
 
     figures: dict = {"model": base.name, "long_prompt_tokens": len(longs[2]),
@@ -228,14 +244,17 @@ def main():
                      "max_num_partial_prefills": config.max_num_partial_prefills,
                      "prompt_logprobs": args.prompt_logprobs, "before_rev": before or None,
                      "clock": "cpu" if cpu_clock else "wall",
-                     "torch_threads": torch.get_num_threads()}  # fmt: skip
+                     "torch_threads": torch.get_num_threads(),
+                     "short_idle_paired_ttft_s": [round(idle_side.ttft(r), 3) for r in beside_ids],
+                     "short_idle_paired_median_s": round(paired, 3)}  # fmt: skip
     for side in sides:
-        idle = statistics.median(side.ttft(rid) for rid in idle_ids)
+        alone_idle = statistics.median(side.ttft(rid) for rid in idle_ids)
+        idle = paired
         long_first = side.first["long"]
         during = [side.ttft(rid) for rid in beside_ids[1:] if side.arrival[rid] < long_first]
         together = side.ttft(beside_ids[0])
         f = {
-            "short_idle_ttft_s": round(idle, 3),
+            "short_idle_ttft_s": round(alone_idle, 3),  # phase 1, before and after
             "short_with_long_ttft_s": round(together, 3),
             "short_with_long_ratio": round(together / idle, 2),
             "short_during_count": len(during),
@@ -258,7 +277,8 @@ def main():
         }
         figures[side.name] = f
         print(
-            f"{side.name}: short chat TTFT idle {f['short_idle_ttft_s']} s; arriving with the "
+            f"{side.name}: short chat TTFT idle {round(paired, 3)} s (the same chats on the idle "
+            f"engine; phase 1: {f['short_idle_ttft_s']} s); arriving with the "
             f"long prompt {f['short_with_long_ttft_s']} s ({f['short_with_long_ratio']}x); "
             f"arriving while it prefills ({f['short_during_count']}) median "
             f"{f['short_during_ttft_median_s']} s ({f['short_during_median_ratio']}x), max "
