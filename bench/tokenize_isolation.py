@@ -10,7 +10,8 @@ B is the bystander. Phases, each --seconds long: `idle` (nothing else runs), the
 `tokenize_1mb` (/tokenize of a 1 MB text, `return_token_strs`), `chat_660k` (a chat prompt of
 660,000 characters: just under the old bound of 8192 tokens x 81 characters), and the
 heaviest texts the limits still tokenize: `tokenize_at_limit` and `chat_at_limit` (prompts of
-max_model_len x 8 characters, LORAPLEX_MAX_CHARS_PER_TOKEN's default). Meanwhile this process
+max_model_len x 8 characters, LORAPLEX_MAX_CHARS_PER_TOKEN's default; the chat's 1,024
+fewer, room for its template). Meanwhile this process
 probes GET /healthz every 25 ms and sends tenant B's chat (16 tokens, greedy, `ignore_eos`)
 one after another. Each attacker starts a request at most once a --pace seconds (1: the load
 first reported, four at a time of about a second each, whatever the server now answers and
@@ -318,7 +319,7 @@ def main():
                 ),
                 "chat_at_limit": (
                     "/v1/chat/completions",
-                    _chat(random_text(at_limit - 64, seed=3)),
+                    _chat(random_text(at_limit - 1024, seed=3)),
                 ),
             }
             loops = {"chat_660k": 6}

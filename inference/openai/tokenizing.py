@@ -16,9 +16,11 @@ average twice that.
 """
 
 import asyncio
+import os
 import threading
 from collections import defaultdict
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import TYPE_CHECKING, TypeVar
 
@@ -31,6 +33,11 @@ if TYPE_CHECKING:
     from inference.engine import LLMEngine
 
 T = TypeVar("T")
+# A long text encodes for tenths of a second of a core, outside the GIL: at most half the
+# cores encode long texts at once, so the engine's step thread and the event loop keep the
+# rest. Shorter texts (most prompts: milliseconds) never wait for them.
+LONG_TEXT_CHARS = 16_384
+_LONG_ENCODES = threading.BoundedSemaphore(max(1, (os.cpu_count() or 2) // 2))
 
 
 def max_text_chars(llm: "LLMEngine") -> int:
@@ -66,7 +73,10 @@ def encode_text(
     bound; every text the serving layer tokenizes passes here."""
     refuse_long_text(llm, len(text), where=where, param=param)
     TOKENIZED_CHARACTERS.inc(len(text))
-    return llm.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+    if len(text) < LONG_TEXT_CHARS:
+        return llm.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+    with _LONG_ENCODES:
+        return llm.tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
 
 def messages_chars(messages: list[dict]) -> int:
@@ -109,6 +119,11 @@ class TenantTokenizations:
 
 
 TENANT_TOKENIZATIONS = TenantTokenizations()
+# Tokenizing has threads of its own: texts of many tenants at once would otherwise take every
+# thread of the event loop's default pool, where every request's body is parsed. Mostly
+# outside the GIL, they share the cores as the OS schedules them, so a short prompt is not
+# queued behind long ones.
+_TOKENIZING_THREADS = ThreadPoolExecutor(max_workers=32, thread_name_prefix="tokenize")
 
 
 async def tokenize_off_loop(tenant_id: int, work: Callable[..., T], *args) -> T:
@@ -117,7 +132,9 @@ async def tokenize_off_loop(tenant_id: int, work: Callable[..., T], *args) -> T:
     free its slot while its text is still being tokenized."""
     TENANT_TOKENIZATIONS.acquire(tenant_id)
     try:
-        running = asyncio.get_running_loop().run_in_executor(None, partial(work, *args))
+        running = asyncio.get_running_loop().run_in_executor(
+            _TOKENIZING_THREADS, partial(work, *args)
+        )
     except BaseException:
         TENANT_TOKENIZATIONS.release(tenant_id)
         raise
