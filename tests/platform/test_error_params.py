@@ -126,7 +126,13 @@ def assert_a_4xx_with_a_string_param(response) -> dict:
 
 @pytest.mark.parametrize(("method", "path", "body"), REST_MISTAKES)
 def test_every_rest_refusal_names_a_string_param_or_none(
-    tenant_a, make_key, key_client, adapter, method, path, body  # noqa: F811
+    tenant_a,
+    make_key,
+    key_client,
+    adapter,  # noqa: F811
+    method,
+    path,
+    body,
 ):
     _, key = make_key(tenant_a)
     client = key_client(key)

@@ -5,9 +5,9 @@ stored input_scale), rounded to the nearest e4m3 value. Rounding is a step funct
 an activation's exact u lies nearer a midpoint between two e4m3 values than the fp32 error
 of x (about 1e-7 of the token's amax in either implementation, its last bits set by the
 kernels torch picks for the CPU: at AVX-512 and at AVX2 ATen rounds the same attention
-apart in the last bit), fp32 arithmetic does not decide the code, and the two codes differ by a whole e4m3 step (0.25
-at u = 3.875): the logits move by 1e-2, far past the parity tests' 1e-4. Which side an
-implementation lands on is then chance, not correctness.
+apart in the last bit), fp32 arithmetic does not decide the code, and the two codes
+differ by a whole e4m3 step (0.25 at u = 3.875): the logits move by 1e-2, far past the
+parity tests' 1e-4. Which side an implementation lands on is then chance, not correctness.
 
 The twin holds the checkpoint's weights dequantized exactly (wq * ws in float64), the
 adapter in float64, and quantizes the activations itself, so it knows each exact u. A
