@@ -12,8 +12,9 @@ others, measured side by side, never against a time tuned for some machine.
 - echo bomb: a batch of near-context prompts, `n: 16`, `echo` with logprobs, one token each:
   under LORAPLEX_MAX_LOGPROB_ENTRIES and the response-size limit, as large as they allow;
 - tokenizations: /tokenize with a body of about 1 MB (the request-size limit is 1 MiB);
-- evaluation: the hook `evaluation_attack` (an adapter version with the largest eval set
-  its tenant may upload, scored on the engine while the others chat).
+- maximal evaluation (tests/faults/evaluation_attack.py): an adapter version with the
+  largest eval set its tenant may attach, scored on the engine by the worker; its probe is
+  also another tenant's upload, validated meanwhile.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import statistics
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 
@@ -79,6 +80,10 @@ class Attack:
 
     def running(self) -> AbstractContextManager[None]:
         raise NotImplementedError
+
+    def trials(self, probe: Callable[[], float]) -> list[Trial]:
+        """What the attack costs `probe`, measured side by side (`trial`)."""
+        return [trial(self, probe)]
 
 
 @dataclass(kw_only=True)
@@ -181,18 +186,8 @@ def tokenizations(target: Target) -> Attack:
     )
 
 
-def evaluation_attack(target: Target) -> Attack | None:
-    """The hook for the largest evaluation a tenant can ask for (an upload with the biggest
-    eval set its limits allow, scored on the engine by the worker). An Attack whose
-    `running()` yields once its scoring is under way on the engine, and returns once it is
-    over; None until then, and the soak runs the others."""
-    return None
-
-
 def tenant_attacks(target: Target) -> list[Attack]:
-    attacks = [long_prompt(target), echo_bomb(target), tokenizations(target)]
-    evaluation = evaluation_attack(target)
-    return attacks if evaluation is None else [*attacks, evaluation]
+    return [long_prompt(target), echo_bomb(target), tokenizations(target)]
 
 
 def first_token_seconds(url: str, key: str, model: str) -> float:
@@ -218,6 +213,7 @@ class Trial:
     attacked: list[float]
     statuses: dict[int, int]
     answers: frozenset[int]
+    notes: dict = field(default_factory=dict)  # what else the attack reports of itself
 
     @property
     def ratio(self) -> float:
@@ -240,6 +236,7 @@ class Trial:
             "idle_median_s": round(statistics.median(self.idle), 4),
             "attacked_median_s": round(statistics.median(self.attacked), 4),
             "statuses": self.statuses,
+            **self.notes,
         }
 
 
@@ -254,18 +251,19 @@ def trial(attack: Attack, probe: Callable[[], float]) -> Trial:
 
 
 class Siege(threading.Thread):
-    """The attacks one after another, each a trial, beside whatever else the server does."""
+    """The attacks one after another (`tenant_attacks`, then `more`), each measured by its
+    trials, beside whatever else the server does."""
 
-    def __init__(self, target: Target, probe: Callable[[], float]):
+    def __init__(self, target: Target, probe: Callable[[], float], more: Iterable[Attack] = ()):
         super().__init__(name="siege", daemon=True)
-        self.target, self.probe = target, probe
+        self.target, self.probe, self.more = target, probe, list(more)
         self.trials: list[Trial] = []
         self.error: BaseException | None = None
 
     def run(self) -> None:
         try:
             self.probe()  # the first request of a process warms what later ones reuse
-            for attack in tenant_attacks(self.target):
-                self.trials.append(trial(attack, self.probe))
+            for attack in [*tenant_attacks(self.target), *self.more]:
+                self.trials.extend(attack.trials(self.probe))
         except BaseException as exc:  # the test thread raises it
             self.error = exc

@@ -1,7 +1,9 @@
-"""A soak: eight tenants' mixed traffic through a live `serve` while its worker is killed and
-restarted, Redis (broker, rate limits, announcements) is restarted empty, and a ninth tenant
-attacks within its limits (tests/faults/attacks.py: a near-context prompt, an echo bomb,
-megabyte tokenizations) while a tenth measures what each costs it.
+"""A soak: eight tenants' mixed traffic through a live `serve` while its workers (started as
+`make run` starts them: validation and the periodic tasks in one, evaluations in another) are
+killed and restarted, Redis (broker, rate limits, announcements) is restarted empty, and a
+ninth tenant attacks within its limits (tests/faults/attacks.py: a near-context prompt, an
+echo bomb, megabyte tokenizations; tests/faults/evaluation_attack.py: the largest evaluation)
+while a tenth measures what each costs it.
 
 Each tenant streams, asks for structured output and tool calls, sends completions with
 logprobs, disconnects mid-stream, makes a caller's mistakes and uploads versions with an eval
@@ -11,12 +13,16 @@ version has its verdict, the engine is idle (nothing running, no KV block held),
 answer was a 5xx: nothing the callers sent, and none of the faults, is a server error. The
 attacks are answered as their limits say, and the probing tenant's time to a first token
 under each stays within its bound of its time without it, measured side by side: 3x beside
-the long prompt, 1.5x beside the tokenizations (the echo bomb's is reported, not bounded).
+the long prompt, 1.5x beside the tokenizations (the echo bomb's is reported, not bounded);
+beside the maximal evaluation, the tenth's upload is validated within 3x its time without it
+(its first token is reported).
 """
 
 import json
 import os
 import random
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -29,9 +35,12 @@ import pytest
 from tests.adapter_versions import create_ready_version
 from tests.clients import chat, chat_stream, http, metric
 from tests.faults.attacks import Siege, first_token_seconds, target_for
-from tests.faults.workers import kill, start_worker, stop
+from tests.faults.evaluation_attack import EvalLimits, maximal_evaluation
+from tests.faults.workers import kill, stop
 from tests.inference.conftest import start_server, stop_server
 from tests.peft_adapters import make_peft_adapter
+from tests.processes import ROOT, database_url
+from tests.registry.test_fair_queues import make_run_workers
 from tests.tiny_llama import make_tiny_llama
 from tests.trained_adapter import eval_set_jsonl, task_rows
 from tests.waiting import HANG_GUARD_SECONDS, wait_for
@@ -131,7 +140,46 @@ def site(tmp_path):
         )[1]
         for role in ("attacker", "probe")
     }
-    return {"tmp": tmp_path, "keys": keys, "uploads": uploads, "siege": siege}
+    # What the attacker and the prober upload (each time to a fresh adapter of theirs).
+    siege_adapter = make_peft_adapter(
+        base_dir, tmp_path / "siege-adapter", rank=4, seed=2000, base_model_name=BASE
+    )
+    return {
+        "tmp": tmp_path,
+        "keys": keys,
+        "uploads": uploads,
+        "siege": siege,
+        "siege_adapter": siege_adapter,
+    }
+
+
+def start_run_workers(tmp: Path, name: str, env: dict[str, str]) -> list[subprocess.Popen]:
+    """The workers `make run` starts (scripts/run-embedded.sh: their queues, pools and
+    concurrency), beat in the one that takes the default queue, on the soak's database with
+    `env` over this process's; each in its own process group (`kill` takes beat's child too)."""
+    workers = []
+    for args in make_run_workers():
+        queues = args[args.index("-Q") + 1]
+        log = tmp / f"{name}-{queues.replace(',', '-')}.log"
+        beat = ["-B", "-s", str(log.with_suffix(".beat-schedule"))] if "celery" in queues else []
+        with open(log, "a") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "celery", "-A", "platform_site", "worker", *args, *beat]
+                + ["--without-heartbeat", "--without-gossip", "--without-mingle"]
+                + ["-n", f"{log.stem}-{time.monotonic_ns()}@%h"],
+                cwd=ROOT,
+                env={**os.environ, "DATABASE_URL": database_url(), **env},
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        workers.append(proc)
+        wait_for(
+            lambda: " ready." in log.read_text() or proc.poll() is not None,  # noqa: B023
+            what=f"worker {log.stem} to start",
+        )
+        assert proc.poll() is None, log.read_text()
+    return workers
 
 
 class Tenant(threading.Thread):
@@ -285,16 +333,24 @@ def test_eight_tenants_through_worker_and_redis_restarts_lose_nothing_and_leak_n
         "LORAPLEX_TASK_RETRY_BACKOFF_SECONDS": "0.5",
         "LORAPLEX_EVAL_RETRY_MAX_SECONDS": "2",
     }
-    workers = [start_worker(tmp / "worker-0.log", beat=True, **worker_env)]
+    workers = [start_run_workers(tmp, "worker-0", worker_env)]
     start = time.monotonic()
     tenants = [
         Tenant(i, url, key, site["uploads"][i], until=start + SECONDS)
         for i, key in enumerate(site["keys"])
     ]
     probe_key = site["siege"]["probe"]
+    target = target_for(url, site["siege"]["attacker"], BASE)
+    # The server runs with the default eval-set limits (this process's settings): rows of a
+    # full context each, the row limit binds before the token limit (LORAPLEX_EVAL_MAX_TOKENS).
+    evaluation = maximal_evaluation(
+        target,
+        probe_key=probe_key,
+        adapter_folder=site["siege_adapter"],
+        limits=EvalLimits.of_settings(),
+    )
     siege = Siege(
-        target_for(url, site["siege"]["attacker"], BASE),
-        probe=lambda: first_token_seconds(url, probe_key, BASE),
+        target, probe=lambda: first_token_seconds(url, probe_key, BASE), more=[evaluation]
     )
     faults: list[tuple[str, float, float]] = []
     try:
@@ -307,9 +363,10 @@ def test_eight_tenants_through_worker_and_redis_restarts_lose_nothing_and_leak_n
 
         def restart_worker(name: str) -> None:
             began = time.monotonic()
-            kill(workers[-1])  # mid-task, or not: no word to the broker
+            for worker in workers[-1]:
+                kill(worker)  # mid-task, or not: no word to the broker
             time.sleep(3)
-            workers.append(start_worker(tmp / f"{name}.log", beat=True, **worker_env))
+            workers.append(start_run_workers(tmp, name, worker_env))
             faults.append((name, began, time.monotonic()))
 
         at(0.3)
@@ -416,6 +473,6 @@ def test_eight_tenants_through_worker_and_redis_restarts_lose_nothing_and_leak_n
     finally:
         for tenant in tenants:
             tenant.until = 0
-        for worker in workers:
+        for worker in (w for started in workers for w in started):
             stop(worker)
         stop_server(server)
