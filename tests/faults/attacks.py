@@ -88,12 +88,13 @@ class Attack:
 
 @dataclass(kw_only=True)
 class RequestLoop(Attack):
-    """`concurrency` threads sending `send(rng)` back to back; the load is in place once one
-    answer is in (the loop past its start), and gone once every thread is out of its last
-    request."""
+    """`concurrency` threads sending `send(rng)` back to back (or each starting one at most
+    every `pace` seconds); the load is in place once one answer is in (the loop past its
+    start), and gone once every thread is out of its last request."""
 
     send: Callable[[random.Random], httpx.Response]
     concurrency: int = 2
+    pace: float = 0.0
     runs: int = 0  # each run's threads draw other prompts
 
     @contextmanager
@@ -107,6 +108,7 @@ class RequestLoop(Attack):
             rng = random.Random(f"{self.name}-{self.runs}-{index}")
             try:
                 while not stop.is_set():
+                    began = time.monotonic()
                     try:
                         status = self.send(rng).status_code
                     except httpx.HTTPError:
@@ -114,6 +116,7 @@ class RequestLoop(Attack):
                     with counting:
                         self.statuses[status] += 1
                     answered.set()
+                    stop.wait(self.pace - (time.monotonic() - began))
             except BaseException as exc:  # surfaced below, not lost in a thread
                 failures.append(exc)
                 answered.set()
@@ -168,9 +171,12 @@ def echo_bomb(target: Target) -> Attack:
 
 
 def tokenizations(target: Target) -> Attack:
-    """/tokenize with about a megabyte of text, two at a time. The body is encoded once (a
-    fresh number in front each time): the attacker's own JSON encoding would hold this
-    process's GIL, and slow the probe's client rather than the server."""
+    """/tokenize with about a megabyte of text, four at a time, each thread starting one a
+    second: the load first reported (four such requests of about a second each), whatever the
+    server now answers and how fast; a flood of them is the request rate limit's to meet. The
+    body is encoded once (a fresh number in front each time): the attacker's own JSON
+    encoding would hold this process's GIL, and slow the probe's client rather than the
+    server."""
     head = b'{"model": "%s", "prompt": "' % target.model.encode()
     text = b"word " * ((TOKENIZE_BODY_BYTES - len(head) - 40) // len(b"word "))
 
@@ -182,7 +188,13 @@ def tokenizations(target: Target) -> Attack:
     # Answered, or refused as longer than any prompt may be (400): both within the limits.
     answers = frozenset({200, 400})
     return RequestLoop(
-        name="tokenizations", bound=1.5, rounds=10, answers=answers, send=send, concurrency=2
+        name="tokenizations",
+        bound=1.5,
+        rounds=10,
+        answers=answers,
+        send=send,
+        concurrency=4,
+        pace=1.0,
     )
 
 
