@@ -147,7 +147,7 @@ def test_revoking_twice_keeps_the_first_time(tenant_a, alice, make_key, user_cli
 @pytest.mark.parametrize(
     "body, param",
     [
-        ({"scopes": ["root"]}, "scopes"),
+        ({"scopes": ["root"]}, "scopes[0]"),
         ({"scopes": []}, "scopes"),
         ({"name": ""}, "name"),
         ({"expires_in_days": 0}, "expires_in_days"),
