@@ -4,15 +4,17 @@ prefill tokens and without them (the scheduler before), side by side in one proc
 
     .venv/bin/python bench/prefill_fairness.py [--model DIR] [--long-tokens 8000]
         [--shorts 6] [--short-max-tokens 8] [--prompt-logprobs 0] [--before REV] [--wall]
+        [--budget N] [--threshold N] [--before-budget 512]
 
-Two engines on SmolLM2 (or --model), fp32 on cpu, both with the defaults: "fair" runs this
-checkout's scheduler, "before" the scheduler of git revision --before (default: the one
-before the shares; `--before ""` leaves that engine out). Every request carries a tenant
-(fairness key): tenant A sends the long prompt (a support handbook to summarise, its own
-text each time so the prefix cache never helps; --prompt-logprobs N asks for its prompt
-logprobs, as the attack did), tenant B the short chats (a four-word question in SmolLM2's
-chat template, --short-max-tokens tokens each). Phases, each run on both engines in turn,
-one step each:
+Two engines on SmolLM2 (or --model), fp32 on cpu: "fair" runs this checkout's scheduler
+with the defaults (or --budget and --threshold), "before" the scheduler of git revision
+--before (default: the one before the shares; `--before ""` leaves that engine out) with
+the defaults it had: a budget of --before-budget tokens, each token counted 1. Every
+request carries a tenant (fairness key): tenant A sends the long prompt (a support
+handbook to summarise, its own text each time so the prefix cache never helps;
+--prompt-logprobs N asks for its prompt logprobs, as the attack did), tenant B the short
+chats (a four-word question in SmolLM2's chat template, --short-max-tokens tokens each).
+Phases, each run on both engines in turn, one step each:
 
   1. idle: --shorts short chats one at a time on the idle engine (and as many again after
      phase 3, so a burst of load elsewhere moves the idle median less): their TTFT;
@@ -176,14 +178,24 @@ def main():
         max_model_len=8192, wall=False,
     )  # fmt: skip
     parser.add_argument("--before", default=None, help="git revision (default: before the shares)")
+    parser.add_argument("--budget", type=int, default=None, help="max_num_batched_tokens")
+    parser.add_argument(
+        "--before-budget", type=int, default=512, help="the before engine's (its cpu default)"
+    )
+    parser.add_argument("--threshold", type=int, default=None, help="long_prefill_token_threshold")
     args = parser.parse_args()
     base = model_dir(args.model)
-    options = {"device": "cpu", "dtype": "float32", "max_model_len": args.max_model_len}
+    options = {"device": "cpu", "dtype": "float32", "max_model_len": args.max_model_len,
+               "max_num_batched_tokens": args.budget,
+               "long_prefill_token_threshold": args.threshold}  # fmt: skip
     cpu_clock = not args.wall
     sides = [Side("fair", LLMEngine(model=base, **options), cpu_clock)]
     before = default_before() if args.before is None else args.before
-    if before:
-        engine = LLMEngine(model=base, **options)
+    if before:  # its own defaults: the budget it had, every token counted 1
+        engine = LLMEngine(
+            model=base, **options | {"max_num_batched_tokens": args.before_budget,
+                                     "prefill_cost_context": 0}
+        )  # fmt: skip
         engine.scheduler = scheduler_at(before)(
             engine.config, engine.block_manager, engine.lora_manager
         )

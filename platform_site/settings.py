@@ -330,10 +330,13 @@ ENGINE_OPTIONS = {
     "max_num_batched_tokens": env.int("LORAPLEX_MAX_NUM_BATCHED_TOKENS", default=None),
     # the quality gate's scoring: at most this many tokens a step, never beside decodes alone
     "background_tokens_per_step": env.int("LORAPLEX_BACKGROUND_TOKENS_PER_STEP", default=None),
-    # a step's prefill tokens shared by tenant: beside another tenant's shorter prompt a
-    # prompt feeds about that one's need, at least this many (unset: 32 on cpu, 256 on cuda)
+    # a step's prefill tokens shared by tenant: beside another tenant's short prompt a
+    # prompt feeds at most this many (unset: 16 on cpu, 256 on cuda)
     "long_prefill_token_threshold": env.int("LORAPLEX_LONG_PREFILL_TOKEN_THRESHOLD", default=None),
     "max_num_partial_prefills": env.int("LORAPLEX_MAX_NUM_PARTIAL_PREFILLS", default=4),
+    # a prefill token counts 1 + its position / this in the step's budget (unset: where the
+    # model's attention costs what its linear layers do on cpu, 0 on cuda; 0: tokens count 1)
+    "prefill_cost_context": env.int("LORAPLEX_PREFILL_COST_CONTEXT", default=None),
     "kv_cache_bytes": env.int("LORAPLEX_KV_CACHE_BYTES", default=None),
     # on cuda without kv_cache_bytes: the share of device memory the engine sizes within
     "gpu_memory_utilization": env.float("LORAPLEX_GPU_MEMORY_UTILIZATION", default=0.9),

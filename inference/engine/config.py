@@ -13,6 +13,7 @@ from .memory_pool import DEFAULT_MAX_POOL_SLOTS
 from .model_config import ModelConfig
 from .parallel.group import timeout_seconds
 from .parallel.plan import check_shardable
+from .prefill_cost import PrefillCost
 
 # ModelConfig too: callers that read a model's shape (the registry) import it from here
 __all__ = ["DTYPES", "EngineConfig", "ModelConfig"]
@@ -37,11 +38,13 @@ def default_max_cpu_loras(max_loras: int | None) -> int:
 def default_batch_tokens(
     device_type: str, chunked_prefill: bool, max_model_len: int, max_num_seqs: int
 ) -> int:
-    """max_num_batched_tokens when unset: with chunked prefill 512 on cpu (a step stays
-    short) and 8192 on cuda; without, room for the longest prompt in one step."""
+    """max_num_batched_tokens when unset: with chunked prefill 128 on cpu and 8192 on cuda;
+    without, room for the longest prompt in one step. On cpu a step's time grows with every
+    token (counted at its cost, prefill_cost.py) and a request that arrives waits for the
+    step under way: 128 keeps that wait near a short chat's own prefill."""
     if not chunked_prefill:
         return max(max_model_len, 2048)
-    return max(8192 if device_type == "cuda" else 512, max_num_seqs)
+    return max(8192 if device_type == "cuda" else 128, max_num_seqs)
 
 
 @dataclass
@@ -54,21 +57,28 @@ class EngineConfig:
     dtype: str = "auto"  # "auto": float32 on cpu, bfloat16 (or float16) on cuda
     max_model_len: int | None = None  # prompt + completion tokens; default: the model's
     max_num_seqs: int = 128
-    # tokens per step, decodes and prefill chunks together. Default: with chunked prefill
-    # 512 on cpu (a step stays short) and 8192 on cuda; without, max(max_model_len, 2048)
+    # tokens per step, decodes and prefill chunks together (a prefill token counted at its
+    # cost, prefill_cost_context). Default: with chunked prefill 128 on cpu (a step stays
+    # short) and 8192 on cuda; without, max(max_model_len, 2048)
     max_num_batched_tokens: int | None = None
     # the most tokens background work (the quality gate's scoring) feeds in a step; it
     # never joins a step of tenants' decodes alone (scheduler.py). 0: no such budget.
     # Default: 32 on cpu, 256 on cuda (_check_background_budget); at most the step's budget
     background_tokens_per_step: int | None = None
     # tenants (fairness keys) share a step's prefill tokens equally, and beside another
-    # tenant's shorter prompt a prompt feeds no more than that one needs, but at least this
-    # many tokens (scheduler.py, prefill_share.py). 0: no such cap, the equal shares only.
-    # Default: 32 on cpu, 256 on cuda (_check_prefill_share)
+    # tenant's short prompt (shorter, and within its equal share of the step) a prompt feeds
+    # at most this many (scheduler.py, prefill_share.py). 0: no such cap, the equal shares
+    # only. Default: 16 on cpu, 256 on cuda (_check_prefill_share)
     long_prefill_token_threshold: int | None = None
     # the most prompts left part-way through their prefill at once; a waiting prompt that
     # would start part-way waits while that many are (one that finishes in its step never)
     max_num_partial_prefills: int = 4
+    # with chunked prefill, a prefill token counts 1 + its position / this in the step's
+    # budget: where its attention costs as much as its linear layers, it counts double, so
+    # a long prompt's chunks shrink as it goes and its steps stay as short as the first
+    # (prefill_cost.py). 0: every token counts 1. Default: the model's balance point
+    # (ModelConfig.attention_cost_context) on cpu, 0 on cuda
+    prefill_cost_context: int | None = None
     block_size: int = 16
     # reuse the KV blocks of prompt prefixes already computed (per adapter)
     enable_prefix_caching: bool = True
@@ -209,7 +219,7 @@ class EngineConfig:
         a step of that many tokens costs is about what a decode step costs."""
         value = self.long_prefill_token_threshold
         if value is None:
-            self.long_prefill_token_threshold = 256 if device.type == "cuda" else 32
+            self.long_prefill_token_threshold = 256 if device.type == "cuda" else 16
         elif isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ConfigError(
                 f"long_prefill_token_threshold must be a non-negative integer, got {value!r}"
@@ -217,6 +227,17 @@ class EngineConfig:
         value = self.max_num_partial_prefills
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(f"max_num_partial_prefills must be a positive integer, got {value!r}")
+        value = self.prefill_cost_context
+        if value is None:
+            cpu = device.type != "cuda"
+            self.prefill_cost_context = self.model_config.attention_cost_context if cpu else 0
+        elif isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ConfigError(f"prefill_cost_context must be a non-negative integer, got {value!r}")
+
+    @property
+    def prefill_cost(self) -> PrefillCost:
+        """What a prefill chunk costs of a step's budget."""
+        return PrefillCost(self.prefill_cost_context or None)
 
     def _check_lora(self) -> None:
         if not isinstance(self.deterministic_kernels, bool):

@@ -66,6 +66,16 @@ class ModelConfig:
         return 1.0 / math.sqrt(scalar)
 
     @property
+    def attention_cost_context(self) -> int:
+        """The position at which a token's attention (scores and weighted values over the
+        tokens before it) takes as many multiply-adds as its linear layers, a gated MLP's
+        three matrices among them."""
+        q_width = self.num_heads * self.head_dim
+        kv_width = self.num_kv_heads * self.head_dim
+        linear = self.hidden_size * (2 * q_width + 2 * kv_width + 3 * self.intermediate_size)
+        return max(1, linear // (2 * q_width))
+
+    @property
     def uniform_window(self) -> int | None:
         """The sliding window, when every layer has one (then old blocks can be let go)."""
         windows = set(self.layer_windows)

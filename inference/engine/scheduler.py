@@ -1,11 +1,12 @@
 """Continuous batching with chunked prefill: which sequences feed which tokens next step.
 
 Every step has a token budget (`max_num_batched_tokens`). Running sequences that decode
-come first, their newest token each. What is left goes to prefills, shared by tenant
-(fairness key, prefill_share.py): the prompts still prefilling and the waiting ones that can
-start (taken in admission order) split it equally between tenants, a tenant's own prompts
-in turn, and beside another tenant's shorter prompt a prompt feeds no more than that one
-needs (at least `long_prefill_token_threshold`). So a long prompt is prefilled over several
+come first, their newest token each. What is left goes to prefills, each chunk counted at
+its cost (prefill_cost.py: on cpu a token deep in a long prompt counts for more), shared
+by tenant (fairness key, prefill_share.py): the prompts still prefilling and the waiting
+ones that can start (taken in admission order) split it equally between tenants, a
+tenant's own prompts in turn, and beside another tenant's short prompt a prompt feeds no
+more than `long_prefill_token_threshold`. So a long prompt is prefilled over several
 steps while running streams keep producing a token each step, it advances in every step,
 and another tenant's short request starts in the next step, in a step about as short as
 its own. Waiting sequences stay in line when starting them would leave more than
@@ -86,6 +87,7 @@ class Scheduler:
         assert config.long_prefill_token_threshold is not None  # resolved by EngineConfig
         self.long_prefill_threshold = config.long_prefill_token_threshold
         self.max_num_partial_prefills = config.max_num_partial_prefills
+        self.prefill_cost = config.prefill_cost
         self.block_manager = block_manager
         self.lora = lora_manager  # None when LoRA is off
         self.waiting: deque[Sequence] = deque()
@@ -206,14 +208,18 @@ class Scheduler:
         share what the step has left by tenant (prefill_share.py)."""
         if budget == 0:
             return 0
-        share = PrefillShare(budget, self.long_prefill_threshold, self.max_num_partial_prefills)
-        under_way = [(seq, share.add(seq.fairness_key, seq.num_uncomputed_tokens))
-                     for seq in self._prefilling(priority)]  # fmt: skip
+        share = PrefillShare(
+            budget, self.long_prefill_threshold, self.max_num_partial_prefills, self.prefill_cost
+        )
+        under_way = [
+            (seq, share.add(seq.fairness_key, seq.num_uncomputed_tokens, seq.num_computed_tokens))
+            for seq in self._prefilling(priority)
+        ]
         starting = self._offer_waiting(priority, share)
         for seq, claim in under_way:  # named first, so a prompt admitted now can share them
             if claim.tokens:
                 self._add_to(batch, seq, claim.tokens)
-                budget -= claim.tokens
+                budget = max(0, budget - claim.cost)
         return self._admit_waiting([(seq, claim.tokens) for seq, claim in starting], budget, batch)
 
     def _offer_waiting(self, priority: int, share: PrefillShare) -> list[tuple[Sequence, Claim]]:
@@ -231,10 +237,8 @@ class Scheduler:
             if not self._adapter_in_memory(seq):
                 self._ask_for_adapter(seq)
                 continue
-            cached = self.block_manager.cached_prefix(seq)
-            claim = share.offer(
-                seq.fairness_key, len(seq) - len(cached) * self.block_manager.block_size
-            )
+            start = len(self.block_manager.cached_prefix(seq)) * self.block_manager.block_size
+            claim = share.offer(seq.fairness_key, len(seq) - start, start)
             if claim is not None:
                 starting.append((seq, claim))
         return starting
@@ -269,7 +273,8 @@ class Scheduler:
             if self.lora is not None and not self.lora.acquire(seq):
                 continue
             cached = self.block_manager.cached_prefix(seq)
-            n = len(seq) - len(cached) * self.block_manager.block_size
+            start = len(cached) * self.block_manager.block_size
+            n = len(seq) - start
             if (n > budget and not self.chunked_prefill) or not self._free_blocks_for(seq, cached):
                 if self.lora is not None:
                     self.lora.unacquire(seq)
@@ -281,7 +286,8 @@ class Scheduler:
             n = min(n, budget, most)
             self._add_to(batch, seq, n)
             admitted.add(id(seq))
-            budget -= n
+            cost = self.prefill_cost.of(start, n) if self.chunked_prefill else n
+            budget = max(0, budget - cost)
         if admitted:
             self.waiting = deque(s for s in self.waiting if id(s) not in admitted)
         return budget

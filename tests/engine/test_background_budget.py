@@ -21,6 +21,7 @@ def row(i: int) -> tuple[list[int], list[int]]:
 
 def engine_for(model_dir, **kwargs) -> LLMEngine:
     kwargs.setdefault("max_num_batched_tokens", BUDGET)
+    kwargs.setdefault("prefill_cost_context", 0)  # in tokens: the cost has tests of its own
     return lora_engine(model_dir, max_num_seqs=8, **kwargs)
 
 

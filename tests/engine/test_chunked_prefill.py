@@ -16,6 +16,8 @@ def requests(adapters):
 
 
 def chunked(model_dir, **kwargs) -> LLMEngine:
+    """Chunks counted in tokens (as on cuda): their cost by position has tests of its own."""
+    kwargs.setdefault("prefill_cost_context", 0)
     return lora_engine(model_dir, max_num_batched_tokens=BUDGET, max_num_seqs=4, **kwargs)
 
 
@@ -109,4 +111,4 @@ def test_budget_settings_are_checked(lora_model_dir):
     with pytest.raises(ConfigError, match="positive integer"):
         LLMEngine(model=lora_model_dir, max_num_batched_tokens=0)
     engine = LLMEngine(model=lora_model_dir, kv_cache_bytes=1 << 20)
-    assert engine.config.max_num_batched_tokens == 512  # the chunked default on CPU
+    assert engine.config.max_num_batched_tokens == 128  # the chunked default on CPU

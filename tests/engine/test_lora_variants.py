@@ -122,7 +122,9 @@ class Family:
                 base = AutoModelForCausalLM.from_pretrained(self.base)
                 self.peft[name] = PeftModel.from_pretrained(base, folder).eval()
         self.requests = {name: request_for(name, folder) for name, folder in self.dirs.items()}
-        self.engine = lora_engine(self.base, max_loras=len(self.dirs), max_lora_rank=16)
+        self.engine = lora_engine(  # every prompt in one step: a budget that holds them all
+            self.base, max_loras=len(self.dirs), max_lora_rank=16, max_num_batched_tokens=512
+        )
         futures = [self.engine.load_lora(r) for r in self.requests.values()]
         while not all(f.done() for f in futures):
             self.engine.step()

@@ -19,6 +19,7 @@ def engine_for(model_dir, **kwargs) -> LLMEngine:
     kwargs.setdefault("kv_cache_bytes", 4 << 20)
     kwargs.setdefault("block_size", 4)
     kwargs.setdefault("max_num_seqs", 8)
+    kwargs.setdefault("prefill_cost_context", 0)  # shares in tokens; by cost: the test below
     return LLMEngine(model=model_dir, **kwargs)
 
 
@@ -60,18 +61,28 @@ def test_a_short_request_of_another_tenant_starts_beside_a_long_prefill(lora_mod
     assert step(engine)[0] == {"long": BUDGET}
     add(engine, "short", prompt(6, start=90), "tenant-b")
     fed, sampled = step(engine)
-    # the short prompt whole, the long one cut to what the short one needs
-    assert fed == {"short": 6, "long": 6}
+    # the short prompt whole, the long one cut to the threshold
+    assert fed == {"short": 6, "long": THRESHOLD}
     assert len(sampled["short"]) == 1  # its first token in the very next step
     assert step(engine)[0] == {"short": 1, "long": BUDGET - 1}
 
 
-def test_the_cap_never_goes_below_the_threshold(lora_model_dir):
+def test_beside_a_short_prompt_a_long_one_feeds_the_threshold(lora_model_dir):
     engine = engine_for(lora_model_dir, long_prefill_token_threshold=10)
     add(engine, "long", prompt(200), "tenant-a")
     step(engine)
     add(engine, "short", prompt(3, start=90), "tenant-b")
     assert step(engine)[0] == {"short": 3, "long": 10}
+    add(engine, "medium", prompt(14, start=120), "tenant-c")  # more than the threshold
+    assert step(engine)[0] == {"short": 1, "medium": 14, "long": 10}
+
+
+def test_a_prompt_too_long_to_finish_in_its_share_caps_nobody(lora_model_dir):
+    engine = engine_for(lora_model_dir)
+    add(engine, "long", prompt(200), "tenant-a")
+    step(engine)
+    add(engine, "longish", prompt(BUDGET // 2 + 1, start=90), "tenant-b")
+    assert step(engine)[0] == {"longish": BUDGET // 2, "long": BUDGET // 2}
 
 
 def test_without_the_cap_tenants_split_the_step_equally(lora_model_dir):
@@ -198,7 +209,7 @@ def test_a_better_class_still_goes_first(lora_model_dir):
 
 def test_the_settings_are_checked_and_resolved(lora_model_dir):
     engine = LLMEngine(model=lora_model_dir, kv_cache_bytes=1 << 20)
-    assert engine.config.long_prefill_token_threshold == 32  # the cpu default
+    assert engine.config.long_prefill_token_threshold == 16  # the cpu default
     assert engine.config.max_num_partial_prefills == 4
     for bad in (-1, 1.5, True, "8"):
         with pytest.raises(ConfigError, match="long_prefill_token_threshold"):
@@ -206,3 +217,45 @@ def test_the_settings_are_checked_and_resolved(lora_model_dir):
     for bad in (0, -2, 2.0, False, None):
         with pytest.raises(ConfigError, match="max_num_partial_prefills"):
             LLMEngine(model=lora_model_dir, max_num_partial_prefills=bad)
+    context = engine.config.model_config.attention_cost_context
+    assert engine.config.prefill_cost_context == context  # the cpu default: the model's
+    for bad in (-1, 1.5, True, "8"):
+        with pytest.raises(ConfigError, match="prefill_cost_context"):
+            LLMEngine(model=lora_model_dir, prefill_cost_context=bad)
+
+
+def test_by_cost_a_long_prompts_chunks_shrink_as_it_goes_and_each_step_holds(lora_model_dir):
+    """Counted by position, a long prompt's chunk gets shorter the deeper it is, each step's
+    cost stays within the budget, and the tokens are those counted in tokens."""
+    engine = engine_for(lora_model_dir, prefill_cost_context=None, max_num_batched_tokens=64)
+    pricing = engine.config.prefill_cost
+    assert pricing.context == engine.config.model_config.attention_cost_context
+    ids = prompt(400)
+    add(engine, "long", ids, "tenant-a", SamplingParams(temperature=0, max_tokens=1))
+    chunks = []
+    while "long" in engine.requests and engine.requests["long"].num_uncomputed_tokens > 1:
+        start = engine.requests["long"].num_computed_tokens
+        fed, _ = step(engine)
+        chunks.append(fed["long"])
+        if sum(chunks) < len(ids):  # a whole chunk: the most its cost allows
+            assert pricing.of(start, fed["long"]) <= 64 < pricing.of(start, fed["long"] + 1)
+    assert chunks[0] == pricing.tokens_within(0, 64) and chunks[-2] < chunks[0]
+    assert sorted(chunks[:-1], reverse=True) == chunks[:-1]
+    by_tokens = engine_for(lora_model_dir, max_num_batched_tokens=64)
+    add(by_tokens, "long", ids, "tenant-a", SamplingParams(temperature=0, max_tokens=4))
+    add(engine, "again", ids, "tenant-a", SamplingParams(temperature=0, max_tokens=4))
+    assert run_all(engine)["again"]["tokens"] == run_all(by_tokens)["long"]["tokens"]
+
+
+def test_by_cost_a_short_request_beside_a_deep_prompt_gets_the_floor_in_cost(lora_model_dir):
+    engine = engine_for(lora_model_dir, prefill_cost_context=None, max_num_batched_tokens=64)
+    pricing = engine.config.prefill_cost
+    add(engine, "long", prompt(400), "tenant-a")
+    while engine.requests["long"].num_computed_tokens < 200:
+        step(engine)
+    start = engine.requests["long"].num_computed_tokens
+    add(engine, "short", prompt(3, start=90), "tenant-b")
+    fed, sampled = step(engine)
+    assert fed["short"] == 3 and len(sampled["short"]) == 1
+    # beside it the long prompt feeds the floor's worth of cost, fewer tokens than the floor
+    assert fed["long"] == pricing.tokens_within(start, THRESHOLD) < THRESHOLD

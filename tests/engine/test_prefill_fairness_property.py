@@ -6,10 +6,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from inference.engine import EngineRequest, LLMEngine, SamplingParams
+from inference.engine.prefill_cost import PrefillCost
 from inference.engine.prefill_share import PrefillShare, water_fill
 from inference.engine.sequence import SequenceStatus
 
-claims = st.lists(st.tuples(st.integers(0, 3), st.integers(1, 400), st.booleans()), max_size=12)
+claims = st.lists(
+    st.tuples(st.integers(0, 3), st.integers(1, 400), st.integers(0, 20_000), st.booleans()),
+    max_size=12,
+)
+pricings = st.sampled_from([PrefillCost(), PrefillCost(3072), PrefillCost(64)])
 
 
 @given(st.integers(0, 600), st.lists(st.integers(0, 500), max_size=8))
@@ -22,32 +27,42 @@ def test_water_fill_is_max_min_fair(budget, demands):
             assert all(s >= other - 1 for other in shares)
 
 
-@given(st.integers(1, 600), st.integers(0, 64), st.integers(1, 4), claims)
-def test_the_shares_hold_to_the_budget_and_the_tenants_turns(budget, floor, max_partial, work):
-    share = PrefillShare(budget, floor, max_partial)
-    for key, need, running in work:
+@given(st.integers(1, 600), st.integers(0, 64), st.integers(1, 4), pricings, claims)
+def test_the_shares_hold_to_the_budget_and_the_tenants_turns(
+    budget, floor, max_partial, pricing, work
+):
+    share = PrefillShare(budget, floor, max_partial, pricing)
+    for key, need, start, running in work:
+        if pricing.context is None:
+            start = 0
         partial_before = share.num_partial
         if running:
-            share.add(key, need)
-        elif share.offer(key, need) is not None:
+            share.add(key, need, start)
+        elif share.offer(key, need, start) is not None:
             assert share.num_partial <= max(max_partial, partial_before)
         given_ = [c.tokens for c in share.claims]
         assert sum(given_) <= budget
         assert all(0 <= c.tokens <= c.need for c in share.claims)
+        assert all(c.cost == pricing.of(c.start, c.tokens) for c in share.claims)
         heads = {}
         for c in share.claims:
             heads.setdefault(c.key, c)
         if budget >= len(heads):  # each tenant's oldest prompt advances
             assert all(c.tokens > 0 for c in heads.values())
-        assert all(c.want <= c.need and c.want >= min(c.need, floor or c.need)
-                   for c in share.claims)  # fmt: skip
+        for c in share.claims:  # capped at no less than the floor's worth, one token at least
+            least = max(1, pricing.tokens_within(c.start, floor)) if floor else c.need
+            assert min(c.need, least) <= c.want <= c.need
         cut_short: set = set()
         for c in share.claims:  # within a tenant, a prompt waits for the older ones
             if c.key in cut_short:
                 assert c.tokens == 0
             if c.tokens < c.want:
                 cut_short.add(c.key)
-        if sum(given_) < budget:  # the budget goes unused only where the caps say so
+        # the budget goes unused only where the caps say so, or where what is left of a
+        # tenant's share does not pay for its next token
+        next_token = max((pricing.of(c.start + c.tokens, 1) for c in share.claims), default=1)
+        spent = sum(c.cost for c in share.claims)
+        if spent + len(heads) * (next_token - 1) < budget:
             assert all(c.tokens == c.want for c in share.claims)
 
 

@@ -21,7 +21,9 @@ def alone(model_dir, ids, params=GREEDY) -> list[int]:
 
 
 def test_a_tenant_request_goes_ahead_of_a_background_prefill(lora_model_dir):
-    engine = lora_engine(lora_model_dir, max_num_batched_tokens=16, max_num_seqs=4)
+    engine = lora_engine(
+        lora_model_dir, max_num_batched_tokens=16, max_num_seqs=4, prefill_cost_context=0
+    )
     add(engine, "background", LONG_PROMPT, priority=Priority.BACKGROUND)
     engine.step()  # the background prompt's first chunk
     add(engine, "tenant", [7, 8, 9, 10, 11])

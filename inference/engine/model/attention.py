@@ -96,8 +96,10 @@ def prefill_attention(
         total = start + end - begin
         if table is None:
             ks, vs = k[begin:end], v[begin:end]
-        else:
-            ks, vs = (cache[table].flatten(0, 1)[:total] for cache in caches)
+        else:  # index_select: indexing the strided pages copies element by element; a
+            # block let go behind a sliding window (-1) reads the last page, masked out
+            blocks = table.remainder(caches[0].shape[0])
+            ks, vs = (torch.index_select(c, 0, blocks).flatten(0, 1)[:total] for c in caches)
         slides = layer.window is not None and layer.window < total
         mask = None  # plain causal: SDPA's own is faster than a mask
         if table is not None or slides or layer.softcap is not None:
