@@ -78,7 +78,7 @@ def summarize(bench: Bench, ours: list[dict], theirs: list[dict]) -> dict:
     summary = {}
     for name in bench.figures:
         mine, old = [r[name] for r in ours], [r[name] for r in theirs]
-        ours_median, theirs_median = statistics.median(mine), statistics.median(old)
+        ours_median, theirs_median = (round(statistics.median(x), 4) for x in (mine, old))
         summary[name] = {
             "ours": ours_median,
             "theirs": theirs_median,
@@ -133,9 +133,7 @@ def main():
                     for side, tree in sides if r % 2 == 0 else sides[::-1]:
                         figures = run_bench(tree, BENCHES[name], args.model, env)
                         runs[name][side].append(figures)
-                        print(f"round {r + 1} {name} {side}: "
-                              + ", ".join(f"{k}={figures[k]}" for k in BENCHES[name].figures),
-                              flush=True)  # fmt: skip
+                        print(f"round {r + 1} {name} {side}: {json.dumps(figures)}", flush=True)
         finally:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force",
                             str(theirs_tree)], check=False, capture_output=True)  # fmt: skip
