@@ -78,7 +78,9 @@ def allocate_kv_cache(
 ) -> torch.Tensor:
     """The pool, [num_pages, 2, layers, block_size, kv_heads, head_dim]: page p is block p of
     every layer. Each layer's Attention gets its keys and values as views of shape
-    [num_pages, block_size, kv_heads, head_dim], strided over the pages."""
+    [num_pages, block_size, kv_heads, head_dim], strided over the pages, and on the CPU the
+    whole pool as [-1, kv_heads * head_dim] rows to store through (attention.store_kv_rows):
+    a page's rows are every layer's keys, then every layer's values, block_size each."""
     from .model.attention import Attention
 
     mc = config.model_config
@@ -93,8 +95,12 @@ def allocate_kv_cache(
         dtype=config.torch_dtype,
         device=device,
     )
+    rows = cache.view(-1, mc.num_kv_heads * mc.head_dim) if device.type == "cpu" else None
     for i, layer in enumerate(layers):
         layer.k_cache, layer.v_cache = cache[:, 0, i], cache[:, 1, i]
+        layer.kv_rows = rows
+        layer.rows_per_page = 2 * len(layers) * config.block_size
+        layer.key_rows_offset = i * config.block_size
     return cache
 
 

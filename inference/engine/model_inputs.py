@@ -275,7 +275,7 @@ def _replace(value: Any, uploaded: dict[int, torch.Tensor]) -> Any:
     if isinstance(value, ForwardContext | PagedStep):
         names = [f.name for f in dataclasses.fields(value)]
         return type(value)(**{name: _replace(getattr(value, name), uploaded) for name in names})
-    if isinstance(value, dict):  # the window masks, made on first use: none yet
+    if isinstance(value, dict):  # the window masks and append rows, made on first use: none yet
         return {}
     return value
 

@@ -237,10 +237,10 @@ def test_fills_read_a_strided_block_major_cache():
     kv.apply(plan, tables, caches)
     assert kv.copied_tokens == 17
     for buffer, layer_cache in zip(kv.buffers[4], caches, strict=True):
-        expected = gather_kv(layer_cache, tables, 16).transpose(1, 2)
-        torch.testing.assert_close(buffer[1, :11], expected[0, :11], rtol=0, atol=0)
-        torch.testing.assert_close(buffer[0, :6], expected[1, :6], rtol=0, atol=0)
-        assert not buffer[1, 11:].any() and not buffer[0, 6:].any()
+        expected = gather_kv(layer_cache, tables, 16)  # head-major, as the buffers
+        torch.testing.assert_close(buffer[1, :, :11], expected[0, :, :11], rtol=0, atol=0)
+        torch.testing.assert_close(buffer[0, :, :6], expected[1, :, :6], rtol=0, atol=0)
+        assert not buffer[1, :, 11:].any() and not buffer[0, :, 6:].any()
 
 
 def _seqs(*lengths: int) -> list[Sequence]:

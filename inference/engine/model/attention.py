@@ -1,7 +1,8 @@
 """Attention over the paged KV cache: the one place a paged-attention kernel plugs in.
 
 Layout: each layer's cache is a [num_blocks, block_size, num_kv_heads, head_dim] view for
-keys and one for values, strided over the pool's pages (kv_cache.py). Queries are grouped
+keys and one for values, strided over the pool's pages (kv_cache.py); on the CPU a layer
+also writes through the pool seen as rows, one per token (store_kv_rows). Queries are grouped
 by KV head (GQA): q head h reads KV head h // (num_heads // num_kv_heads), so no key or
 value is ever repeated.
 """
@@ -11,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .context import ForwardContext, PagedStep, get_forward_context
-from .decode_kv import DecodeKV
+from .decode_kv import DecodeKV, append_rows
 
 
 def store_kv(
@@ -28,6 +29,25 @@ def store_kv(
     index = (slot_mapping // block_size, slot_mapping % block_size)
     k_cache.index_put_(index, k)
     v_cache.index_put_(index, v)
+
+
+def store_kv_rows(
+    layer: "Attention", k: torch.Tensor, v: torch.Tensor, ctx: ForwardContext
+) -> None:
+    """store_kv through the pool seen as [-1, kv_heads * head_dim] rows (kv_cache.py): one
+    contiguous row copy per token, where indexing a strided view by block and offset costs
+    many times that on the CPU. The fed tokens' rows within their pages are found once per
+    step; each layer adds its own offset (its keys, then its values further on). Not on
+    the Triton kernels' steps: a decode graph replays one context, its slots changed in place."""
+    rows = layer.kv_rows
+    assert rows is not None
+    if ctx.cache_rows is None:
+        block_size = layer.k_cache.shape[1]
+        page = ctx.slot_mapping // block_size
+        ctx.cache_rows = page * layer.rows_per_page + ctx.slot_mapping % block_size
+    at = ctx.cache_rows + layer.key_rows_offset
+    rows.index_copy_(0, at, k.flatten(1))
+    rows.index_copy_(0, at + layer.rows_per_page // 2, v.flatten(1))
 
 
 def attend(
@@ -146,7 +166,7 @@ def decode_attention(
         gathered = gather_kv(layer.k_cache, tables, width), gather_kv(layer.v_cache, tables, width)
         buffers.copied_tokens = num_seqs * width
     else:
-        buffers.append(k, v, groups, lengths)
+        buffers.append(k, v, groups, decode_append_rows(ctx, kv_heads))
     for i, group in enumerate(groups):
         if ctx.decode_plan is None:
             ks, vs = (t[group.slot : group.slot + group.end - group.start] for t in gathered)
@@ -160,6 +180,18 @@ def decode_attention(
             qg[group.start : group.end], ks, vs, mask, layer.scale, layer.softcap
         )
     return out.view(num_seqs, num_heads, head_dim)
+
+
+def decode_append_rows(ctx: ForwardContext, kv_heads: int) -> dict[int, torch.Tensor]:
+    """Each decode group's rows for its new keys and values in its buffer (append_rows);
+    made once per step, shared by every layer."""
+    if not ctx.decode_append:
+        assert ctx.decode_groups is not None and ctx.context_lens is not None
+        assert ctx.decode_plan is not None
+        for i, g in enumerate(ctx.decode_groups):
+            capacity = ctx.decode_plan.buffers[g.buffer][1]
+            ctx.decode_append[i] = append_rows(g, ctx.context_lens, capacity, kv_heads)
+    return ctx.decode_append
 
 
 def window_decode_mask(ctx: ForwardContext, group: int, window: int) -> torch.Tensor:
@@ -178,7 +210,8 @@ def window_decode_mask(ctx: ForwardContext, group: int, window: int) -> torch.Te
 
 class Attention(nn.Module):
     """Stores this layer's new keys/values in the cache, then attends. The model runner
-    assigns `k_cache`/`v_cache` once the cache is allocated."""
+    assigns `k_cache`/`v_cache` once the cache is allocated, and on the CPU the pool's rows
+    (`kv_rows`: rows_per_page a page, this layer's keys from key_rows_offset on)."""
 
     def __init__(
         self,
@@ -195,6 +228,8 @@ class Attention(nn.Module):
         self.window = window  # sliding-window layer: attends to the last `window` tokens only
         self.softcap = softcap
         self.k_cache = self.v_cache = torch.empty(0)
+        self.kv_rows: torch.Tensor | None = None
+        self.rows_per_page = self.key_rows_offset = 0
         self.decode_kv = DecodeKV()  # on the CPU, the decode batch's keys and values kept
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -204,7 +239,10 @@ class Attention(nn.Module):
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         caches = (self.k_cache, self.v_cache)
         if self.k_cache.numel():
-            store_kv(self.k_cache, self.v_cache, k, v, ctx.slot_mapping)
+            if self.kv_rows is not None and ctx.paged is None:
+                store_kv_rows(self, k, v, ctx)
+            else:
+                store_kv(self.k_cache, self.v_cache, k, v, ctx.slot_mapping)
             if ctx.paged is not None:
                 return self.paged_attention(q, ctx.paged, ctx.num_prefill_tokens).flatten(1)
             if ctx.decode_plan is None:

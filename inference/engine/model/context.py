@@ -65,7 +65,7 @@ class DecodeGroup:
 class DecodeBufferPlan:
     """The CPU decode buffers in one step as the host planned them (decode_buffers.py), so
     every layer, on every rank, keeps the same ones. A buffer holds the keys (and one the
-    values) of up to `slots` sequences, [slots, capacity, kv_heads, head_dim]; a layer
+    values) of up to `slots` sequences, [slots, kv_heads, capacity, head_dim]; a layer
     allocates a buffer that is new, copies one whose capacity grew, and drops one not listed."""
 
     buffers: dict[int, tuple[int, int]] = field(default_factory=dict)  # id -> (slots, capacity)
@@ -96,6 +96,11 @@ class ForwardContext:
     decode_plan: DecodeBufferPlan | None = None
     # (decode group, window) -> that group's mask for sliding-window layers, made on first use
     window_masks: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
+    # decode group -> where its new keys and values go in its buffer, made on first use
+    decode_append: dict[int, torch.Tensor] = field(default_factory=dict)
+    # on the CPU: the fed tokens' rows in the pool seen as rows (attention.store_kv_rows),
+    # less the layer's own offset; made on first use
+    cache_rows: torch.Tensor | None = None
     # set when attention runs on the Triton paged kernels
     paged: PagedStep | None = None
     # the batch's adapters; None when no token uses one, so LoRA costs nothing
