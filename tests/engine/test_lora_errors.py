@@ -172,8 +172,25 @@ def test_loader_failures_name_the_cause(lora_model_dir, adapters):
             assert results[name]["finish"] == "length" and results[name]["error"] is None
         else:
             assert words in str(results[name]["error"])
-    assert sorted(calls) == ["id-boom", "id-fetched", "id-odd"]
+    assert sorted(calls) == ["id-boom", "id-fetched", "id-odd", "id-odd"]  # odd: asked twice
     assert engine.stats()["lora"]["hits"]["loader"] == 1
+    engine.close()
+
+
+def test_a_folder_gone_when_looked_at_is_asked_for_again(lora_model_dir, adapters):
+    """Another stager replacing the copy (removed, then renamed into place) leaves a moment
+    with no folder: the loader is asked once more, and the request is served."""
+    calls = []
+
+    def loader(req):
+        calls.append(req.adapter_id)
+        return "/being/replaced" if len(calls) == 1 else adapters("good", **GOOD)
+
+    engine = lora_engine(lora_model_dir, max_loras=2, lora_loader=loader)
+    engine.add_request(EngineRequest("r", "hello", GREEDY, lora_request=LoRARequest("x", "id-x")))
+    result = run_all(engine)["r"]
+    assert result["error"] is None and result["finish"] == "length"
+    assert calls == ["id-x", "id-x"]
     engine.close()
 
 

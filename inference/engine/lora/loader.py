@@ -134,14 +134,17 @@ class AdapterLoader:
         return self._fetch(req), "loader"
 
     def _fetch(self, req: LoRARequest) -> str | os.PathLike[str]:
+        """The callback's folder. Asked twice when the first is gone by the time it is
+        looked at: another stager on the host may have been putting its own copy in place."""
         assert self.callback is not None
-        try:
-            path = self.callback(req)
-        except Exception as e:
-            raise AdapterLoadError(f"the loader could not fetch it: {e}") from e
-        if path is None or not os.path.isdir(path):
-            raise AdapterLoadError(f"the loader returned {path!r}, which is not a folder")
-        return path
+        for _ in range(2):
+            try:
+                path = self.callback(req)
+            except Exception as e:
+                raise AdapterLoadError(f"the loader could not fetch it: {e}") from e
+            if path is not None and os.path.isdir(path):
+                return path
+        raise AdapterLoadError(f"the loader returned {path!r}, which is not a folder")
 
     def _read(
         self, req: LoRARequest, path: str | os.PathLike[str], tier: str
