@@ -156,8 +156,8 @@ def decode_attention(
     kv_heads = k.shape[1]
     qg = q.view(num_seqs, kv_heads, num_heads // kv_heads, head_dim)
     out = q.new_empty(qg.shape)
-    groups, lengths = ctx.decode_groups, ctx.context_lens
-    assert groups is not None and lengths is not None, "a decode step has its groups"
+    groups = ctx.decode_groups
+    assert groups is not None and ctx.context_lens is not None, "a decode step has its groups"
     buffers = layer.decode_kv
     if ctx.decode_plan is None:  # every cached token gathered afresh (the new one is stored)
         tables = ctx.block_tables
