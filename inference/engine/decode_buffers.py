@@ -6,10 +6,13 @@ much as the attention itself. So each sequence gets a slot in a buffer when
 it starts decoding, its cached tokens are copied there once, and each step adds its new
 token. A sequence that joins costs its own tokens; one that leaves frees its slot; nobody
 else's keys move. A buffer's slots attend as one batched call, so sequences of similar
-lengths share a buffer, and a new buffer has as many slots as are held already (a power of
-two, at most `max_slots`): slots double as the batch grows without a buffer ever being
-resized for more of them. A buffer's capacity grows (its few sequences copied) when its
-longest outgrows it, by half at least, so that copy is rare.
+lengths share a buffer, and a new buffer has as many slots as there are sequences of its
+length joining with it or held already (a power of two, at most `max_slots`): slots double
+as the batch grows without a buffer ever being resized for more of them, and a batch that
+arrives at once is seated without spare slots. A buffer's capacity grows (its few sequences
+copied) when its longest outgrows it, by half at least, so that copy is rare. Buffers that
+would outgrow the budget are repacked once (every sequence copied in again) before none are
+kept.
 
 This is the host's bookkeeping only: it plans, every layer applies the plan.
 """
@@ -75,6 +78,11 @@ class DecodeBufferPlanner:
         self._seat([seq for seq in decodes if id(seq) not in self.seats])
         for seq in decodes:
             self._fit(self.seats[id(seq)], len(seq))
+        if self.nbytes > self.budget_bytes:  # seated over time, slots left spare: repack
+            self.buffers, self.seats = {}, {}
+            self._seat(decodes)
+            for seq in decodes:
+                self._fit(self.seats[id(seq)], len(seq))
         if self.nbytes > self.budget_bytes:
             self.buffers, self.seats = {}, {}
             return None
@@ -128,7 +136,9 @@ class DecodeBufferPlanner:
                 _, i = min(fits)
             else:
                 i = next(self._ids)
-                want = max(len(joining) - k, len(self.seats), 1)
+                alike = [other for other in joining[k:] if _similar(n, len(other))]
+                held = [s for s in self.seats.values() if _similar(n, len(s.seq))]
+                want = max(len(alike), len(held), 1)
                 slots = min(self.max_slots, 1 << (want - 1).bit_length())
                 self.buffers[i] = Buffer(self._round(n + self.headroom), [None] * slots)
             buffer = self.buffers[i]

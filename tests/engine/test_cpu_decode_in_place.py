@@ -292,3 +292,43 @@ def test_the_planner_groups_similar_lengths_and_keeps_to_its_budget():
     huge = _seqs(9000)[0]
     assert planner.plan([long, short, other, huge]) is None  # beyond the budget: none kept
     assert planner.buffers == {} and planner.seats == {}
+
+
+def _slots(planner: DecodeBufferPlanner) -> int:
+    return sum(len(buffer.seats) for buffer in planner.buffers.values())
+
+
+def test_a_batch_arriving_at_once_is_seated_without_spare_slots():
+    # Lengths spread as a chat benchmark's: each length class gets the slots it needs, so
+    # the buffers hold as they grow instead of outgrowing the budget and gathering again.
+    lengths = [36, 60, 79, 103, 146, 169, 189, 211, 232, 256, 279, 299, 324, 343, 367, 389]
+    seqs = _seqs(*lengths)
+    token_bytes = 1
+    tight = sum(-(-(n + 64 + 128) // 4) * 4 for n in lengths) * 3 // 2
+    planner = DecodeBufferPlanner(block_size=4, token_bytes=token_bytes, budget_bytes=tight)
+    first = planner.plan(seqs[:12])
+    assert first is not None
+    assert _slots(planner) <= 16  # not a buffer of max_slots per length class
+    for _ in range(128):
+        plan = planner.plan(seqs)
+        assert plan is not None
+        for seq in seqs:
+            seq.token_ids.append(0)
+    assert _slots(planner) <= 2 * len(seqs)
+
+
+def test_buffers_seated_over_time_are_repacked_before_being_dropped():
+    planner = DecodeBufferPlanner(block_size=4, token_bytes=1, budget_bytes=3_000)
+    seqs = _seqs(*[100] * 8)
+    for k in range(1, 9):  # one joins per step: slots double, buffers of 1, 1, 2 and 4
+        assert planner.plan(seqs[:k]) is not None
+    for seq in seqs[2:4] + seqs[5:]:
+        seq.status = SequenceStatus.FINISHED
+    running = [seqs[0], seqs[1], seqs[4]]  # one in each buffer left: 6 slots for 3
+    assert planner.plan(running) is not None and _slots(planner) == 6
+    for seq in running:
+        seq.token_ids.extend([0] * 500)  # 6 slots of the new length would not fit
+    plan = planner.plan(running)
+    assert plan is not None  # repacked tight they fit: kept, every sequence copied in again
+    assert sorted(row for row, *_ in plan[2].fills) == [0, 1, 2]
+    assert _slots(planner) == 4 and len(planner.buffers) == 1
