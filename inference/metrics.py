@@ -169,6 +169,8 @@ class EngineCollector:
                     yield vllm.histogram(vllm_name, doc, stats[key])
         if "pool" in stats:
             yield from _pool_metrics(stats["pool"])
+        if "emulated_device" in stats:
+            yield from _emulated_device_metrics(stats["emulated_device"])
         lora = stats.get("lora")
         if lora:
             yield from _lora_metrics(lora)
@@ -332,6 +334,16 @@ def _lora_requests_info(lora: dict):
         time.time(),  # as vLLM does: routers read the newest sample
     )
     yield info
+
+
+def _emulated_device_metrics(device: dict):
+    """An emulated device's work: busy seconds over elapsed ones is how busy the host keeps it."""
+    yield _counter(
+        "loraplex_emulated_device_busy_seconds",
+        "Seconds the emulated device spent on steps (the cost model's time for each batch).",
+        device["busy_seconds"],
+    )
+    yield _counter("loraplex_emulated_device_steps", "Steps the emulated device ran.", device["steps"])
 
 
 def _engine_info(info: dict, base_model: str):

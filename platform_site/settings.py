@@ -352,6 +352,11 @@ ENGINE_OPTIONS = {
     "enable_lora": True,
     "enable_prefix_caching": env.bool("LORAPLEX_ENABLE_PREFIX_CACHING", default=True),
     "enable_chunked_prefill": env.bool("LORAPLEX_ENABLE_CHUNKED_PREFILL", default=True),
+    # an emulated GPU (a planner device, e.g. h200) for a planner preset or config.json: the
+    # server and engine run for real, each step waits the GPU's time (never set by make run)
+    "emulate_device": env.str("LORAPLEX_EMULATE_DEVICE", default=None),
+    "emulate_model": env.str("LORAPLEX_EMULATE_MODEL", default=None),
+    "emulate_quantization": env.str("LORAPLEX_EMULATE_QUANTIZATION", default=None),
 }
 PINNED_ADAPTERS = env.list("LORAPLEX_PINNED_ADAPTERS", default=[])  # "tenant/adapter[@alias]"
 # vLLM's operator calls (inference/host/lora_loading.py): `tenant/adapter=path` entries

@@ -122,13 +122,22 @@ class EngineConfig:
     # shard the model over this many ranks (parallel/): this process is rank 0 and starts
     # the others; on CUDA one device each (cuda:0..N-1), decode steps run eagerly
     tensor_parallel_size: int = 1
+    # Emulate a GPU (a planner device name, e.g. h200): the host side runs for real, each
+    # step waits the time the cost model gives the emulated model on it (emulation/). The
+    # model: a planner preset or a config.json; its quantization as the planner names them.
+    # The served model's tokenizer and vocabulary stay; tensor_parallel_size is emulated.
+    emulate_device: str | None = None
+    emulate_model: str | None = None
+    emulate_quantization: str | None = None
     model_config: ModelConfig = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.model = Path(self.model)
         self.model_config = ModelConfig.from_folder(self.model)
         mc = self.model_config
-        if self.device == "auto":
+        if self.emulate_device is not None:
+            self._check_emulation()
+        elif self.device == "auto":
             self.device = "cuda" if torch.cuda.is_available() else "cpu"
         try:
             device = torch.device(self.device)
@@ -154,9 +163,11 @@ class EngineConfig:
             raise ConfigError(
                 f"max_model_len {self.max_model_len} must be in 2..{limit} for this model"
             )
-        self._check_batch_budget(device)
-        self._check_background_budget(device)
-        self._check_prefill_share(device)
+        # an emulated GPU's engine steps as a GPU's would: its defaults are the GPU's
+        defaults = torch.device("cuda") if self.emulate_device is not None else device
+        self._check_batch_budget(defaults)
+        self._check_background_budget(defaults)
+        self._check_prefill_share(defaults)
         if self.max_num_seqs < 1 or self.block_size < 1:
             raise ConfigError("max_num_seqs and block_size must be positive")
         if self.kv_cache_bytes is not None and self.kv_cache_bytes < self.kv_block_bytes:
@@ -292,8 +303,8 @@ class EngineConfig:
         size = self.tensor_parallel_size
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise ConfigError(f"tensor_parallel_size must be a positive integer, got {size!r}")
-        if size == 1:
-            return
+        if size == 1 or self.emulate_device is not None:  # the emulated model's shards
+            return  # are the planner's to check (emulation/target.py)
         check_shardable(self.model_config, size)
         timeout_seconds()  # a bad LORAPLEX_TP_TIMEOUT_SECONDS is refused before any rank starts
         if device.type == "cuda":
@@ -307,6 +318,16 @@ class EngineConfig:
                     f"tensor_parallel_size {size} needs {size} CUDA devices, "
                     f"{torch.cuda.device_count()} are visible"
                 )
+
+    def _check_emulation(self) -> None:
+        """An emulated device runs its host side on the CPU, for a model the planner knows."""
+        if self.device not in ("auto", "cpu"):
+            raise ConfigError(
+                f"an emulated device runs on the cpu; device {self.device!r} was asked for"
+            )
+        self.device = "cpu"
+        if not self.emulate_model:
+            raise ConfigError("emulate_device needs emulate_model: a planner preset or a config.json")
 
     @property
     def torch_dtype(self) -> torch.dtype:

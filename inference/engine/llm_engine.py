@@ -28,6 +28,7 @@ from .grammar import GrammarCompiler
 from .lora.loader import FetchAdapter
 from .lora_controls import LoRAControls, make_lora_manager
 from .metrics import EngineMetrics
+from .emulation import EmulatedModelRunner
 from .model_runner import ModelRunner
 from .outputs import CompletionOutput, RequestOutput, abort_output, append_token
 from .request import EngineRequest, LoRARequest
@@ -58,7 +59,11 @@ class LLMEngine:
         self.config = config if config is not None else EngineConfig(**kwargs)
         mc = self.config.model_config
         self.tokenizer = _load_tokenizer(self.config)
-        self.model_runner = ModelRunner(self.config)
+        self.model_runner: ModelRunner | EmulatedModelRunner = (
+            ModelRunner(self.config)
+            if self.config.emulate_device is None
+            else EmulatedModelRunner(self.config, frozenset(self.tokenizer.eos_token_ids))
+        )
         if self.model_runner.workers is not None:  # a lost rank wakes an idle step loop
             self.model_runner.workers.on_failure = self._wake
         self.block_manager = BlockManager(
@@ -274,6 +279,9 @@ class LLMEngine:
         }
         if self.lora_manager is not None:
             stats["lora"] = self.lora_manager.stats()
+        if isinstance(self.model_runner, EmulatedModelRunner):
+            device = self.model_runner.device
+            stats["emulated_device"] = {"busy_seconds": device.busy_seconds, "steps": device.steps}
         return stats
 
     def pool_stats(self) -> dict[str, Any]:

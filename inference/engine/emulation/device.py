@@ -1,0 +1,17 @@
+"""The emulated device's clock: a step waits as a CUDA synchronisation does (the GIL
+released, so the HTTP side and the loaders run meanwhile), and its busy time is counted."""
+
+import time
+
+
+class EmulatedDevice:
+    def __init__(self, name: str):
+        self.name = name
+        self.busy_seconds = 0.0  # the cost model's time for every step run
+        self.steps = 0
+
+    def run(self, seconds: float) -> None:
+        """One step's kernels, from launch to the host's sync."""
+        time.sleep(seconds)  # releases the GIL, as a CUDA sync does
+        self.busy_seconds += seconds
+        self.steps += 1
