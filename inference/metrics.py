@@ -343,7 +343,9 @@ def _emulated_device_metrics(device: dict):
         "Seconds the emulated device spent on steps (the cost model's time for each batch).",
         device["busy_seconds"],
     )
-    yield _counter("loraplex_emulated_device_steps", "Steps the emulated device ran.", device["steps"])
+    yield _counter(
+        "loraplex_emulated_device_steps", "Steps the emulated device ran.", device["steps"]
+    )
 
 
 def _engine_info(info: dict, base_model: str):

@@ -19,6 +19,9 @@ from .errors import MethodNotAllowed
 
 logger = logging.getLogger(__name__)
 READINESS_CHECKS = {}
+# name -> () -> a line or None: what an operator must know about a ready replica (an
+# emulated device), shown beside the checks
+READINESS_NOTES = {}
 
 
 def readiness_check(name):
@@ -73,4 +76,8 @@ def readyz(request):
             failed.append(name)
     if failed:
         return JsonResponse({"status": "unavailable", "failed": failed}, status=503)
-    return JsonResponse({"status": "ok", "checks": sorted(READINESS_CHECKS)})
+    answer = {"status": "ok", "checks": sorted(READINESS_CHECKS)}
+    notes = {name: line for name, note in READINESS_NOTES.items() if (line := note())}
+    if notes:
+        answer["notes"] = notes
+    return JsonResponse(answer)

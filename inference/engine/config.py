@@ -327,7 +327,9 @@ class EngineConfig:
             )
         self.device = "cpu"
         if not self.emulate_model:
-            raise ConfigError("emulate_device needs emulate_model: a planner preset or a config.json")
+            raise ConfigError(
+                "emulate_device needs emulate_model: a planner preset or a config.json"
+            )
 
     @property
     def torch_dtype(self) -> torch.dtype:

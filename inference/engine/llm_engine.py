@@ -23,12 +23,12 @@ from typing import Any
 from . import blocking
 from .block_manager import BlockManager
 from .config import EngineConfig
+from .emulation import EmulatedModelRunner
 from .errors import DuplicateRequestError, ModelLoadError
 from .grammar import GrammarCompiler
 from .lora.loader import FetchAdapter
 from .lora_controls import LoRAControls, make_lora_manager
 from .metrics import EngineMetrics
-from .emulation import EmulatedModelRunner
 from .model_runner import ModelRunner
 from .outputs import CompletionOutput, RequestOutput, abort_output, append_token
 from .request import EngineRequest, LoRARequest

@@ -23,7 +23,7 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 
 from inference.errors import EngineUnavailable
-from platform_site.health import READINESS_CHECKS
+from platform_site.health import READINESS_CHECKS, READINESS_NOTES
 from registry.selectors import (
     base_model_default,
     base_model_find,
@@ -118,7 +118,20 @@ def _build_engine(on_failure: Callable[[BaseException], None]):
     config = EngineConfig(model=base.local_path, **settings.ENGINE_OPTIONS)
     engine = AsyncLLMEngine(LLMEngine(config, lora_loader=_fetch_adapter), on_failure=on_failure)
     logger.info("engine started: %s (%s) on %s", base.name, base.revision[:12], config.device)
+    if config.emulate_device is not None:
+        line = emulated_device_note(config)
+        logger.warning("%s", line.upper())
+        READINESS_NOTES["device"] = lambda: line
     return engine, ServedModel(name=base.name, revision=base.revision, path=Path(base.local_path))
+
+
+def emulated_device_note(config) -> str:
+    quantization = f" {config.emulate_quantization}" if config.emulate_quantization else ""
+    return (
+        f"the device is emulated: {config.emulate_model}{quantization} on "
+        f"{config.emulate_device} x{config.tensor_parallel_size}; no model runs, every answer "
+        f"is made-up tokens, each step takes the cost model's time"
+    )
 
 
 def _base_model_to_serve():

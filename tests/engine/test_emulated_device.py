@@ -5,12 +5,14 @@ import time
 
 import pytest
 
-from inference.engine import EngineRequest, LLMEngine, SamplingParams
+from inference.engine import EngineRequest, LLMEngine, LoRARequest, SamplingParams
+from inference.engine.emulation.lora import emulated_adapter_bytes
 from inference.engine.emulation.runner import step_shape
 from inference.engine.errors import ConfigError
 from inference.engine.planning import PlanRequest, device_named, plan
 from inference.engine.planning.presets import PRESETS
 from inference.engine.planning.step_time import StepTimeModel
+from tests.peft_adapters import make_peft_adapter
 from tests.tiny_llama import make_tiny_llama
 
 EMULATED = {"emulate_device": "h100", "emulate_model": "llama-3-8b", "max_model_len": 512}
@@ -113,9 +115,44 @@ def test_a_config_json_names_the_emulated_model(served_dir, tmp_path):
         ({"device": "cuda"}, "runs on the cpu"),
         ({"emulate_model": "llama-3.1-405b"}, "llama-3.1-405b on h100"),  # does not fit one GPU
         ({"tensor_parallel_size": 3, "emulate_model": "llama-3-70b"}, "divide"),
-        ({"enable_lora": True}, "base model only"),
     ],
 )
 def test_bad_emulation_settings_say_what_is_wrong(served_dir, settings, message):
     with pytest.raises(ConfigError, match=message):
         _engine(served_dir, **settings)
+
+
+def test_adapters_swap_in_over_the_host_link_and_cost_their_steps(served_dir, tmp_path):
+    adapters = [
+        make_peft_adapter(served_dir, tmp_path / f"a{i}", rank=rank, targets=targets, seed=i)
+        for i, (rank, targets) in enumerate([(8, ("q_proj", "v_proj")), (16, ("down_proj",))])
+    ]
+    engine = _engine(served_dir, enable_lora=True, max_loras=2)
+    runner = engine.model_runner
+    steps = []
+    step_seconds = runner.cost.step_seconds
+
+    def recording(shape):
+        steps.append((shape, step_seconds(shape)))
+        return steps[-1][1]
+
+    runner.cost.step_seconds = recording
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    for i, prompt in enumerate(PROMPTS):
+        lora = None if i == 4 else LoRARequest(f"a{i % 2}", f"id-{i % 2}", adapters[i % 2])
+        engine.add_request(EngineRequest(str(i), prompt_token_ids=prompt, sampling_params=params,
+                                         lora_request=lora))  # fmt: skip
+    done = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            done.setdefault(out.request_id, []).extend(out.new_token_ids)
+    assert sorted(done) == ["0", "1", "2", "3", "4"] and all(len(t) == 6 for t in done.values())
+    assert {shape.lora_ranks for shape, _ in steps} >= {(8, 16)}  # both adapters in a step
+    swaps = runner.cost.copy_seconds(
+        emulated_adapter_bytes(runner.cost, 8, ("q_proj", "v_proj"))
+    ) + runner.cost.copy_seconds(emulated_adapter_bytes(runner.cost, 16, ("down_proj",)))
+    all_linear = emulated_adapter_bytes(runner.cost, 16, tuple(runner.cost.linears))
+    assert all_linear == 83_886_080  # Llama-3-8B, rank 16 on all seven projections, bf16
+    busy = runner.device.busy_seconds
+    assert busy == pytest.approx(sum(s for _, s in steps) + swaps, rel=1e-9)
+    assert engine.stats()["lora"]["slots_total"] == 2

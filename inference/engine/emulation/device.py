@@ -7,11 +7,12 @@ import time
 class EmulatedDevice:
     def __init__(self, name: str):
         self.name = name
-        self.busy_seconds = 0.0  # the cost model's time for every step run
+        self.busy_seconds = 0.0  # the cost model's time for every step and copy run
         self.steps = 0
 
-    def run(self, seconds: float) -> None:
-        """One step's kernels, from launch to the host's sync."""
+    def run(self, seconds: float, step: bool = True) -> None:
+        """One step's kernels, from launch to the host's sync (step False: a copy queued on
+        the same stream, which the next step waits behind)."""
         time.sleep(seconds)  # releases the GIL, as a CUDA sync does
         self.busy_seconds += seconds
-        self.steps += 1
+        self.steps += step

@@ -11,14 +11,16 @@ import logging
 import torch
 
 from ..config import EngineConfig
-from ..errors import ConfigError
-from ..memory_pool import PoolLayout
+from ..memory_pool import PoolLayout, plan_slots
+from ..model.decoder import CausalLM
 from ..model_inputs import InputBuilder
 from ..planning.step_time import StepShape, StepTimeModel
 from ..sampler import Sampler, SamplerOutput, prompt_logprobs
 from ..scheduler import ScheduledBatch
 from ..sequence import Sequence
+from ..utils import default_dtype
 from .device import EmulatedDevice
+from .lora import EmulatedLoRASlots, meta_rows
 from .target import EmulationTarget
 from .tokens import rule_token
 
@@ -33,62 +35,75 @@ class EmulatedKVCopies:
 
 class EmulatedModelRunner:
     workers = None  # the ranks are emulated in the step's time, not started
-    lora_slots = None
 
     def __init__(self, config: EngineConfig, end_token_ids: frozenset[int]):
         assert config.emulate_device is not None and config.emulate_model is not None
         assert config.max_model_len is not None and config.max_num_batched_tokens is not None
-        if config.enable_lora:
-            raise ConfigError("the emulated device serves the base model only; unset enable_lora")
         self.config = config
         self.max_model_len = config.max_model_len
-        self.target = EmulationTarget.resolve(
-            config.emulate_device,
-            config.emulate_model,
-            config.emulate_quantization,
-            config.tensor_parallel_size,
-            max_model_len=config.max_model_len,
-            max_num_batched_tokens=config.max_num_batched_tokens,
-            block_size=config.block_size,
-            kv_cache_bytes=config.kv_cache_bytes,
-            gpu_memory_utilization=config.gpu_memory_utilization,
-        )
+        self.target = EmulationTarget.resolve(config)
         plan = self.target.plan
         self.device = EmulatedDevice(self.target.device.name)
         self.cost = StepTimeModel(
-            self.target.model,
-            self.target.device,
-            self.target.quantization,
-            config.tensor_parallel_size,
+            self.target.model, self.target.device, None, config.tensor_parallel_size
         )
         self.num_blocks = plan.kv_blocks
-        self.pool = PoolLayout(self.num_blocks, 0, 0)
+        self.page_bytes = plan.kv_bytes_per_token_per_gpu * config.block_size
         self.weights_bytes = plan.weights_bytes_per_gpu
         self.kv_copies = EmulatedKVCopies()
+        self.lora_slots = self._make_lora_slots()
+        self.pool = PoolLayout(self.num_blocks, 0, plan.pages_per_slot)
+        if self.lora_slots is not None:
+            assert config.max_cpu_loras is not None  # resolved by EngineConfig with LoRA on
+            note = f"the emulated {plan.device}'s pool"
+            num_slots = plan_slots(
+                self.num_blocks, plan.pages_per_slot, config.max_loras, config.max_cpu_loras, note
+            )
+            self.pool = PoolLayout(self.num_blocks, num_slots, plan.pages_per_slot)
+            self.lora_slots.bind(meta_rows(self.lora_slots, num_slots))
         self.vocab_size = config.model_config.vocab_size  # the served tokenizer's tokens
         self.end_token_ids = end_token_ids | frozenset(config.model_config.eos_token_ids)
         self.sampler = Sampler()
         paged = copy.copy(config)  # inputs as the paged kernels on a GPU take them
         paged.attention_backend = "triton"
-        block_bytes = plan.kv_bytes_per_token_per_gpu * config.block_size
         self.input_builder = InputBuilder(
-            paged, torch.device("cpu"), block_bytes, self.num_blocks
+            paged, torch.device("cpu"), self.page_bytes, self.num_blocks
         )
         logger.warning(
             "EMULATED DEVICE: %s on %s x%d (%s); no model runs, each step waits the time the "
-            "cost model gives; %d KV pages of %d tokens",
+            "cost model gives; %d KV pages of %d tokens, %d LoRA slots",
             self.target.model_name,
             self.target.device.name,
             config.tensor_parallel_size,
             plan.quantization,
             self.num_blocks,
             config.block_size,
+            self.pool.num_slots,
+        )
+
+    def _make_lora_slots(self) -> EmulatedLoRASlots | None:
+        """The served model's slot layout on the meta device (no weight of it is loaded)."""
+        config = self.config
+        if not config.enable_lora:
+            return None
+        with torch.device("meta"), default_dtype(torch.bfloat16):
+            served = CausalLM(config.model_config, max_positions=self.max_model_len).eval()
+        return EmulatedLoRASlots(
+            served,
+            config.max_loras,
+            config.max_lora_rank,
+            max(config.max_num_batched_tokens or 0, config.max_num_seqs),
+            extra_bytes=config.lora_extra_bytes,
+            max_saved_params=config.max_saved_module_params,
+            clock=self.device,
+            cost=self.cost,
         )
 
     def run(self, batch: ScheduledBatch) -> tuple[list[Sequence], SamplerOutput]:
         step = self.input_builder.build(batch)
         self.input_builder.upload(step.forward)
-        self.device.run(self.cost.step_seconds(step_shape(batch)))
+        ranks, lora_tokens = self._lora_step(step.forward.lora_slots, step.forward.rows)
+        self.device.run(self.cost.step_seconds(step_shape(batch, ranks, lora_tokens)))
         for seq, first_position, _at, k in step.prompt_spans:
             prompt_logprobs(seq, first_position, torch.zeros(k, self.vocab_size))
         return step.samplers, self._sample(step.samplers)
@@ -126,10 +141,26 @@ class EmulatedModelRunner:
             "max_model_len": self.max_model_len,
             "max_num_seqs": c.max_num_seqs,
             "max_num_batched_tokens": c.max_num_batched_tokens or 0,
-            "max_loras": 0,
+            "max_loras": self.pool.num_slots,
             "kv_cache_bytes": c.kv_cache_bytes or 0,
             "gpu_memory_utilization": c.gpu_memory_utilization,
         }
+
+    def _lora_step(self, token_slots: list[int], rows: list[int]) -> tuple[tuple[int, ...], int]:
+        """The step's LoRA metadata, built as for a GPU, and what the device computes of it."""
+        slots = self.lora_slots
+        if slots is None:
+            return (), 0
+        slots.make_step(token_slots)
+        slots.head_rows([token_slots[r] for r in rows])
+        return slots.step_ranks(token_slots)
+
+    def copy_pages(self, moves: list[tuple[int, int]]) -> None:
+        """The pool moving KV blocks out of an adapter's way: a read and a write of each page
+        in device memory."""
+        if moves:
+            nbytes = 2 * len(moves) * self.page_bytes
+            self.device.run(nbytes / self.cost.rates.hbm_bandwidth, step=False)
 
     def check_ranks(self) -> None:
         pass
@@ -138,12 +169,16 @@ class EmulatedModelRunner:
         pass
 
 
-def step_shape(batch: ScheduledBatch) -> StepShape:
+def step_shape(
+    batch: ScheduledBatch, lora_ranks: tuple[int, ...] = (), lora_tokens: int = 0
+) -> StepShape:
     """What the device computes in a step: each prefill chunk by the context it extends,
-    each decode by the context it attends over."""
+    each decode by the context it attends over, the adapters by their ranks."""
     return StepShape(
         prefills=tuple((seq.num_computed_tokens, n) for seq, n in batch.prefills),
         decode_contexts=tuple(len(seq) for seq in batch.decodes),
+        lora_ranks=lora_ranks,
+        lora_tokens=lora_tokens,
     )
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..config import EngineConfig
 from ..errors import ConfigError
 from ..model_config import ModelConfig
 from ..planning import DEVICES, PRESETS, Plan, PlanError, PlanRequest, device_named, plan
@@ -25,21 +26,11 @@ class EmulationTarget:
     plan: Plan
 
     @classmethod
-    def resolve(
-        cls,
-        device: str,
-        model: str,
-        quantization: str | None,
-        tensor_parallel_size: int,
-        *,
-        max_model_len: int,
-        max_num_batched_tokens: int,
-        block_size: int,
-        kv_cache_bytes: int | None = None,
-        gpu_memory_utilization: float = 0.9,
-    ) -> "EmulationTarget":
-        """The target named by the engine's emulation settings; ConfigError says what is
-        wrong with them."""
+    def resolve(cls, config: EngineConfig) -> "EmulationTarget":
+        """The target the engine's emulation settings name, sized with its own settings;
+        ConfigError says what is wrong with them."""
+        device, model = config.emulate_device, config.emulate_model
+        assert device is not None and model is not None  # checked by EngineConfig
         if device not in DEVICES:
             raise ConfigError(
                 f"emulate_device must name a GPU the planner knows ({', '.join(DEVICES)}), "
@@ -51,24 +42,27 @@ class EmulationTarget:
             config=raw,
             device=gpu,
             name=name,
-            quantization=quantization,
-            tp=tensor_parallel_size,
-            max_model_len=max_model_len,
-            max_num_batched_tokens=max_num_batched_tokens,
-            block_size=block_size,
-            kv_cache_bytes=kv_cache_bytes,
-            gpu_memory_utilization=gpu_memory_utilization,
+            quantization=config.emulate_quantization,
+            tp=config.tensor_parallel_size,
+            rank=config.max_lora_rank,
+            max_loras=config.max_loras if config.enable_lora else None,
+            max_cpu_loras=config.max_cpu_loras,
+            max_model_len=config.max_model_len,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            block_size=config.block_size,
+            kv_cache_bytes=config.kv_cache_bytes,
+            gpu_memory_utilization=config.gpu_memory_utilization,
             engine_pool=True,
             suggest=False,
         )
         try:
             planned = plan(request)
-            mc = with_quantization(model_config(raw, source=name), quantization)
+            mc = with_quantization(model_config(raw, source=name), config.emulate_quantization)
         except (PlanError, ValueError) as e:
             raise ConfigError(f"emulated {name} on {device}: {e}") from None
         if planned.kv_blocks < 1:  # the traffic the plan assumes is the benchmark's to pick
             raise ConfigError(f"emulated {name} on {device}: {planned.reason}")
-        return cls(gpu, name, mc, quantization, tensor_parallel_size, planned)
+        return cls(gpu, name, mc, config.emulate_quantization, config.tensor_parallel_size, planned)
 
 
 def _model_config(model: str) -> tuple[dict[str, Any], str]:
@@ -80,8 +74,7 @@ def _model_config(model: str) -> tuple[dict[str, Any], str]:
         file = file / "config.json"
     if not file.is_file():
         raise ConfigError(
-            f"emulate_model {model!r} is neither a preset ({', '.join(PRESETS)}) "
-            "nor a config.json"
+            f"emulate_model {model!r} is neither a preset ({', '.join(PRESETS)}) nor a config.json"
         )
     try:
         raw = json.loads(file.read_text())
