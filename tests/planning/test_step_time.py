@@ -8,6 +8,7 @@ from inference.engine.planning.step_time import (
     LAYER_FLOOR_S,
     RATES,
     STEP_FLOOR_S,
+    STREAM_EFFICIENCY,
     StepShape,
     StepTimeModel,
 )
@@ -24,10 +25,11 @@ def model(mc=LLAMA_8B, device=H100, **kwargs) -> StepTimeModel:
 def test_an_8b_bf16_decode_at_batch_1_is_its_weights_over_hbm_bandwidth_plus_a_floor():
     m = model()
     weights_and_head = 16.06e9 - 128256 * 4096 * 2  # all but the embedding, read each step
-    bound = weights_and_head / RATES["h100"].hbm_bandwidth * 1000  # about 5.2 ms
+    copy_bound = weights_and_head / RATES["h100"].hbm_bandwidth * 1000  # about 5.2 ms
+    bound = copy_bound / STREAM_EFFICIENCY  # what skinny GEMMs reach of it
     step = m.decode_step_ms(1, 1024)
     assert bound < step < bound + 1.5
-    assert 5.0 < step < 7.5
+    assert 5.5 < step < 8.5
 
 
 def test_decode_time_grows_with_batch_and_context():
@@ -44,7 +46,7 @@ def test_fp8_halves_the_weights_time():
     bf16, fp8 = model(quantization="bf16"), model(quantization="fp8")
     assert fp8.weight_bytes == bf16.weight_bytes / 2
     saved = bf16.decode_step_ms(1, 16) - fp8.decode_step_ms(1, 16)
-    half_weights = bf16.weight_bytes / 2 / RATES["h100"].hbm_bandwidth * 1000
+    half_weights = bf16.weight_bytes / 2 / bf16.weight_bandwidth * 1000
     assert saved == pytest.approx(half_weights, rel=1e-6)
     assert fp8.prefill_ms(1024) < 0.7 * bf16.prefill_ms(1024)  # FP8 tensor cores
 
@@ -87,7 +89,7 @@ def test_a_1k_prefill_is_compute_bound():
     m = model()
     flops = 2 * 1024 * m.mc.num_layers * m.layer_params
     compute_ms = flops / RATES["h100"].bf16_flops * 1000
-    memory_ms = m.weight_bytes / RATES["h100"].hbm_bandwidth * 1000
+    memory_ms = m.weight_bytes / m.weight_bandwidth * 1000
     assert compute_ms > memory_ms
     assert compute_ms < m.prefill_ms(1024) < 1.5 * compute_ms
     # a chunk late in a long prompt attends over more and costs more than the first

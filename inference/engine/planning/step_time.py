@@ -26,6 +26,9 @@ ALL_TARGETS = TARGET_MODULES  # q, k, v, o, gate, up, down
 LAYER_FLOOR_S = 20e-6
 LORA_KERNEL_FLOOR_S = 3e-6  # one shrink or expand kernel's fixed cost
 STEP_FLOOR_S = 50e-6  # embedding, final norm, sampling
+# The skinny GEMMs that stream a layer's weights at small batch reach less of HBM than a
+# copy kernel does; fitted on TensorRT-LLM's batch-1 decode of a 70B (docs/cost_model.md).
+STREAM_EFFICIENCY = 0.8
 
 
 @dataclass(frozen=True)
@@ -46,10 +49,10 @@ class DeviceRates:
 RATES: dict[str, DeviceRates] = {
     "h100": DeviceRates(2.90e12, 700e12, 1300e12, 350e12, 400e9, 10e-6),
     "h200": DeviceRates(4.08e12, 700e12, 1300e12, 350e12, 400e9, 10e-6),
-    "a100-80g": DeviceRates(1.77e12, 250e12, None, 190e12, 230e9, 12e-6),
-    "a100-40g": DeviceRates(1.35e12, 250e12, None, 190e12, 230e9, 12e-6),
-    "l40s": DeviceRates(0.75e12, 255e12, 510e12, 130e12, 20e9, 25e-6),
-    "l4": DeviceRates(0.26e12, 85e12, 170e12, 45e12, 20e9, 25e-6),
+    "a100-80g": DeviceRates(1.77e12, 221e12, None, 187e12, 230e9, 12e-6),
+    "a100-40g": DeviceRates(1.35e12, 221e12, None, 187e12, 230e9, 12e-6),
+    "l40s": DeviceRates(0.75e12, 257e12, 484e12, 127e12, 20e9, 25e-6),
+    "l4": DeviceRates(0.26e12, 86e12, 160e12, 42e12, 20e9, 25e-6),
 }
 
 
@@ -110,6 +113,8 @@ class StepTimeModel:
             )
         mc = with_quantization(mc, quantization)
         self.mc, self.device, self.rates, self.tp = mc, device, rates, tensor_parallel_size
+        self.bandwidth = rates.hbm_bandwidth  # KV, adapters: long contiguous reads
+        self.weight_bandwidth = rates.hbm_bandwidth * STREAM_EFFICIENCY
         self.lora_targets = lora_targets
         tp = tensor_parallel_size
         self.q_width = mc.num_heads * mc.head_dim // tp
@@ -142,10 +147,10 @@ class StepTimeModel:
         r = self.rates
         mc = self.mc
         linear_flops = 2 * tokens * mc.num_layers * self.layer_params
-        weights = max(self.weight_bytes / r.hbm_bandwidth, linear_flops / self.matmul_flops)
+        weights = max(self.weight_bytes / self.weight_bandwidth, linear_flops / self.matmul_flops)
         rows = len(shape.prefills) + len(shape.decode_contexts)  # logits: one per sequence
         head_flops = 2 * rows * self.head_bytes / ACTIVATION_BYTES
-        head = max(self.head_bytes / r.hbm_bandwidth, head_flops / r.bf16_flops)
+        head = max(self.head_bytes / self.weight_bandwidth, head_flops / r.bf16_flops)
         total = (
             weights
             + head
@@ -194,11 +199,11 @@ class StepTimeModel:
         for context in shape.decode_contexts:
             pairs = self._attended(context - 1, context)
             read = pairs * kv_per_token  # each attended token's K and V, once per layer
-            seconds += max(read / r.hbm_bandwidth, pairs * per_pair / r.attention_flops)
+            seconds += max(read / self.bandwidth, pairs * per_pair / r.attention_flops)
         for done, fed in shape.prefills:
             pairs = self._attended(done, done + fed)
             moved = (done + fed) * mc.num_layers * kv_per_token
-            seconds += max(moved / r.hbm_bandwidth, pairs * per_pair / r.attention_flops)
+            seconds += max(moved / self.bandwidth, pairs * per_pair / r.attention_flops)
         return seconds
 
     def _lora_seconds(self, shape: StepShape) -> float:
@@ -222,7 +227,7 @@ class StepTimeModel:
         flops = 2 * shape.lora_tokens * layers * factor_elems * mean_rank
         groups = sum(1 for g in FUSED_LORA_GROUPS if any(t in self.lora_targets for t in g))
         floor = 2 * groups * layers * LORA_KERNEL_FLOOR_S
-        return max(moved / r.hbm_bandwidth, flops / r.bf16_flops) + floor
+        return max(moved / self.bandwidth, flops / r.bf16_flops) + floor
 
     def _allreduce_seconds(self, tokens: int) -> float:
         """Two ring all-reduces a layer (after attention and after the MLP) of the step's
