@@ -27,7 +27,7 @@ LAYER_FLOOR_S = 20e-6
 LORA_KERNEL_FLOOR_S = 3e-6  # one shrink or expand kernel's fixed cost
 STEP_FLOOR_S = 50e-6  # embedding, final norm, sampling
 # The skinny GEMMs that stream a layer's weights at small batch reach less of HBM than a
-# copy kernel does; fitted on TensorRT-LLM's batch-1 decode of a 70B (docs/cost_model.md).
+# copy kernel does; fitted on NVIDIA NIM's batch-1 decode of a 70B (docs/cost_model.md).
 STREAM_EFFICIENCY = 0.8
 
 
