@@ -10,7 +10,14 @@ from django.conf import settings
 from django.core.management import CommandError, call_command
 
 from inference.engine import LLMEngine
-from inference.engine.planning import SETTING_FIELDS, engine_options
+from inference.engine.planning import (
+    PRESETS,
+    SETTING_FIELDS,
+    device_named,
+    engine_options,
+    model_config,
+)
+from inference.engine.planning.step_time import StepTimeModel
 from tests.processes import ROOT
 from tests.tiny_llama import make_tiny_llama
 
@@ -48,6 +55,25 @@ def test_whole_figures_are_every_gpu_together():
         assert d[name] == 4 * d[f"{name}_per_gpu"], name
     assert d["settings"]["LORAPLEX_TENSOR_PARALLEL_SIZE"] == 4
     assert d["swap_in_seconds"] == pytest.approx(d["adapter_bytes_per_gpu"] / 55e9)
+
+
+def test_the_json_carries_the_step_time_models_figures_on_a_gpu_and_none_on_cpu():
+    d = json.loads(run_plan(*EXAMPLE.split()))
+    steps = StepTimeModel(model_config(PRESETS["llama-3-70b"]), device_named("h200"), "fp8")
+    assert d["decode_step_ms"] == steps.decode_step_ms(d["concurrency"], d["max_model_len"])
+    assert d["decode_step_ms_batch1"] == steps.decode_step_ms(1, d["max_model_len"])
+    assert d["prefill_ms_per_1k_tokens"] == steps.prefill_ms(1024)
+    assert d["decode_step_ms_batch1"] < d["decode_step_ms"] < d["prefill_ms_per_1k_tokens"]
+    text = run_plan("--model", "llama-3-70b", "--quantization", "fp8")
+    assert f"decode {d['decode_step_ms']:,.1f} ms at 64 x 1280 tokens" in text
+    cpu = json.loads(
+        run_plan(
+            "--model", "llama-3-8b", "--device", "cpu", "--memory-bytes", str(64 << 30), "--json"
+        )  # fmt: skip
+    )
+    assert cpu["decode_step_ms"] is None and cpu["prefill_ms_per_1k_tokens"] is None
+    assert "step time" not in run_plan("--model", "llama-3-8b", "--device", "cpu",
+                                       "--memory-bytes", str(64 << 30))  # fmt: skip
 
 
 def test_the_table_names_what_fits_and_what_would():

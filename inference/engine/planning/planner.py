@@ -37,10 +37,12 @@ from .memory import (
     step_activation_bytes,
 )
 from .quantizations import ORDER, quantization_name, with_quantization
+from .step_time import RATES, StepTimeModel
 from .traffic import HitRates, expected_distinct, simulate, zipf_weights
 
 DEFAULT_CONCURRENCY = 64  # LORAPLEX_MAX_NUM_SEQS's default
 TP_SIZES = (1, 2, 4, 8)
+PREFILL_REFERENCE_TOKENS = 1024  # the prompt prefill_ms_per_1k_tokens times
 
 
 class PlanError(ValueError):
@@ -111,6 +113,10 @@ class Plan:
     concurrency: int
     hit_rates: HitRates
     swap_in_seconds: float
+    # the step-time model's (step_time.py), on a GPU it has rates for; None elsewhere
+    decode_step_ms: float | None = None  # `concurrency` sequences at max_model_len
+    decode_step_ms_batch1: float | None = None  # one sequence at max_model_len
+    prefill_ms_per_1k_tokens: float | None = None  # one 1,024-token prompt
     settings: dict[str, int | float | str] = field(default_factory=dict)
     suggestions: list[dict[str, Any]] = field(default_factory=list)
 
@@ -171,6 +177,9 @@ class Plan:
                 "disk": self.hit_rates.disk,
             },
             "swap_in_seconds": self.swap_in_seconds,
+            "decode_step_ms": self.decode_step_ms,
+            "decode_step_ms_batch1": self.decode_step_ms_batch1,
+            "prefill_ms_per_1k_tokens": self.prefill_ms_per_1k_tokens,
             "settings": self.settings,
             "suggestions": self.suggestions,
         }
@@ -356,6 +365,11 @@ def _plan(r: PlanRequest, mc: ModelConfig, max_model_len: int) -> Plan:
         hit_rates=hit_rates,
         swap_in_seconds=layout.numel * item / device.host_link_bandwidth,
     )
+    if device.kind == "cuda" and device.name in RATES:
+        steps = StepTimeModel(mc, device, tensor_parallel_size=r.tp, lora_targets=r.targets)
+        result.decode_step_ms = steps.decode_step_ms(r.concurrency, max_model_len)
+        result.decode_step_ms_batch1 = steps.decode_step_ms(1, max_model_len)
+        result.prefill_ms_per_1k_tokens = steps.prefill_ms(PREFILL_REFERENCE_TOKENS)
     if fits:
         result.settings = _settings(r, result, batch_tokens)
     return result

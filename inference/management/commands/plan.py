@@ -160,6 +160,15 @@ def render(p: Plan) -> str:
         ("hit rates", f"device {rates.device:.1%}, host {rates.host:.1%}, disk {rates.disk:.1%}"),
         ("swap-in", f"{p.swap_in_seconds * 1000:,.1f} ms per adapter"),
     ]
+    if p.decode_step_ms is not None:
+        rows.append(
+            (
+                "step time (model)",
+                f"decode {p.decode_step_ms:,.1f} ms at {p.concurrency} x {p.max_model_len} "
+                f"tokens, {p.decode_step_ms_batch1:,.1f} ms at 1; prefill "
+                f"{p.prefill_ms_per_1k_tokens:,.1f} ms per 1,024 tokens",
+            )
+        )
     width = max(len(k) for k, _ in rows)
     lines = [f"{k:<{width}}  {v}" for k, v in rows]
     for s in p.suggestions:
