@@ -7,6 +7,7 @@ included (no CSRF check: they change nothing and probes carry no cookies).
 """
 
 import logging
+from collections.abc import Callable
 from functools import wraps
 
 from django.db import connection
@@ -21,7 +22,7 @@ logger = logging.getLogger(__name__)
 READINESS_CHECKS = {}
 # name -> () -> a line or None: what an operator must know about a ready replica (an
 # emulated device), shown beside the checks
-READINESS_NOTES = {}
+READINESS_NOTES: dict[str, Callable[[], str | None]] = {}
 
 
 def readiness_check(name):

@@ -3,6 +3,8 @@ device: the host's part (packing an adapter into a slot row, each step's LoRA me
 for real, the device memory is only accounted. A write takes the device as long as the
 emulated model's adapter of the same rank and targets takes over the host link."""
 
+from typing import Any
+
 import torch
 
 from ..lora.slots import HostAdapter, LoRASlots
@@ -11,7 +13,7 @@ from .device import EmulatedDevice
 
 
 class EmulatedLoRASlots(LoRASlots):
-    def __init__(self, *args, clock: EmulatedDevice, cost: StepTimeModel, **kwargs):
+    def __init__(self, *args: Any, clock: EmulatedDevice, cost: StepTimeModel, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.clock = clock
         self.cost = cost

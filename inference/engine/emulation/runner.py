@@ -15,6 +15,7 @@ from ..memory_pool import PoolLayout, plan_slots
 from ..model.decoder import CausalLM
 from ..model_inputs import InputBuilder
 from ..planning.step_time import StepShape, StepTimeModel
+from ..logprobs import TokenLogprob
 from ..sampler import Sampler, SamplerOutput, prompt_logprobs
 from ..scheduler import ScheduledBatch
 from ..sequence import Sequence
@@ -112,7 +113,7 @@ class EmulatedModelRunner:
         """The rule's token for most; sequences under a grammar or asking for logprobs go
         through the real sampler over flat logits (the grammar's mask decides among them)."""
         tokens: list[int] = []
-        logprobs: list = []
+        logprobs: list[TokenLogprob | None] = []
         sampled = [i for i, seq in enumerate(seqs) if _needs_sampler(seq)]
         if sampled:
             flat = torch.zeros(len(sampled), self.vocab_size)
