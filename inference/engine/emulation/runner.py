@@ -11,11 +11,11 @@ import logging
 import torch
 
 from ..config import EngineConfig
+from ..logprobs import TokenLogprob
 from ..memory_pool import PoolLayout, plan_slots
 from ..model.decoder import CausalLM
 from ..model_inputs import InputBuilder
 from ..planning.step_time import StepShape, StepTimeModel
-from ..logprobs import TokenLogprob
 from ..sampler import Sampler, SamplerOutput, prompt_logprobs
 from ..scheduler import ScheduledBatch
 from ..sequence import Sequence
