@@ -110,6 +110,11 @@ def run_bench(tree: Path, bench: Bench, model: str | None, env: dict[str, str]) 
     return last_json(done.stdout)
 
 
+def absent_benches(tree: Path, names: list[str]) -> list[str]:
+    """The named benches `tree` has no script for (newer than its commit)."""
+    return [name for name in names if not (tree / "bench" / BENCHES[name].script).is_file()]
+
+
 def worktree(commit: str, parent: Path) -> Path:
     path = parent / "against"
     subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(path), commit],
@@ -126,6 +131,10 @@ def main():
     with tempfile.TemporaryDirectory(prefix="regression-") as parent:
         theirs_tree = worktree(commit, Path(parent))
         try:
+            absent = absent_benches(theirs_tree, args.benches)
+            for name in absent:  # a bench newer than that commit: nothing to compare with
+                print(f"{name}: not in {commit}, skipped", flush=True)
+            args.benches = [name for name in args.benches if name not in absent]
             runs = {name: {"ours": [], "theirs": []} for name in args.benches}
             for r in range(args.rounds):
                 for name in args.benches:
@@ -140,6 +149,7 @@ def main():
     report = {
         "against": commit,
         "rounds": args.rounds,
+        "skipped": absent,
         "benches": {
             name: summarize(BENCHES[name], runs[name]["ours"], runs[name]["theirs"])
             for name in args.benches

@@ -70,3 +70,10 @@ def test_the_summary_compares_the_medians_of_the_rounds():
         [{"steady_step_s": 0.2, "ttft_with_a_join_s": 0.5, "leave_step_s": 0.4}],
     )
     assert [times[k]["ours_vs_theirs"] for k in times] == [2.0, 1.0, 4.0]
+
+
+def test_a_bench_the_older_commit_lacks_is_skipped(tmp_path):
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench" / "engine_throughput.py").write_text("")
+    names = ["engine_throughput", "cpu_batch_change"]
+    assert regression.absent_benches(tmp_path, names) == ["cpu_batch_change"]

@@ -151,3 +151,39 @@ def test_the_engine_started_with_the_plan_allocates_what_it_planned(tmp_path):
         assert engine.config.kv_block_bytes // runner.block_size == d["kv_bytes_per_token"]
     finally:
         engine.close()
+
+
+SIMULATE = ("--model", "llama-3-8b", "--device", "h100", "--tenants", "4", "--rate", "20",
+            "--duration", "2", "--prompt-tokens", "64", "--output-tokens", "16")  # fmt: skip
+
+
+def test_plan_simulate_runs_the_deployment_on_an_emulated_device(tmp_path, settings):
+    settings.VAR_DIR = tmp_path
+    served = make_tiny_llama(tmp_path / "served", num_layers=2)
+    figures = json.loads(run_plan(*SIMULATE, "--simulate", "--served", str(served), "--json"))
+    simulated = figures["simulation"]
+    assert simulated["requests"] > 20 and simulated["simulated_seconds"] >= 2
+    assert simulated["tokens_per_s"] > 0 and 0 < simulated["device_busy"] <= 1
+    assert simulated["ttft_p99_s"] >= simulated["ttft_p50_s"] > 0
+    assert set(simulated["hit_rate"]) == {"device", "host", "disk"}
+    text = run_plan(*SIMULATE, "--simulate", "--served", str(served))
+    assert "on the emulated device" in text and "device busy" in text
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (("--rate", "0"), "rate and duration must be positive"),
+        (("--served", "/nonexistent"), "not a model folder"),
+    ],
+)
+def test_plan_simulate_refuses_bad_flags(tmp_path, extra, message):
+    served = ("--served", str(make_tiny_llama(tmp_path / "served", num_layers=2)))
+    with pytest.raises(CommandError, match=message):
+        run_plan(*SIMULATE, "--simulate", *served, *extra)
+
+
+def test_plan_simulate_needs_a_gpu(tmp_path):
+    with pytest.raises(CommandError, match="emulates a GPU"):
+        run_plan("--model", "llama-3-8b", "--device", "cpu", "--memory-bytes", str(64 << 30),
+                 "--simulate")  # fmt: skip

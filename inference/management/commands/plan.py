@@ -4,7 +4,9 @@ and the settings `serve` needs for it, before anyone buys one (inference/engine/
 import json
 from datetime import timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
@@ -21,7 +23,11 @@ from inference.engine.planning import (
     parse_targets,
     plan,
 )
+from registry.selectors import base_model_default
 from tenants.selectors import requests_per_adapter
+
+if TYPE_CHECKING:
+    from inference.engine.emulation.simulation import SimulationResult
 
 RECENT_DAYS = 7  # --from-registry: the traffic mix of the last week
 GB = 1e9
@@ -54,6 +60,21 @@ class Command(BaseCommand):
         parser.add_argument("--output-tokens", type=int, default=256)
         parser.add_argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY)
         parser.add_argument("--json", action="store_true", help="print one JSON object")
+        parser.add_argument(
+            "--simulate",
+            action="store_true",
+            help="run the plan's deployment on an emulated device over the traffic described",
+        )
+        parser.add_argument("--rate", type=float, default=4.0, help="--simulate: requests/s")
+        parser.add_argument(
+            "--duration", type=float, default=600.0, help="--simulate: simulated seconds"
+        )
+        parser.add_argument(
+            "--served",
+            metavar="PATH",
+            help="--simulate: the model folder whose tokenizer and adapters stand in "
+            "(default: the registry's default base model)",
+        )
 
     def handle(self, **options):
         try:
@@ -61,10 +82,49 @@ class Command(BaseCommand):
             result = plan(request)
         except (PlanError, UnknownDevice) as e:
             raise CommandError(str(e)) from None
+        simulation = self._simulate(request, result, options) if options["simulate"] else None
         if options["json"]:
-            self.stdout.write(json.dumps(result.to_dict()))
+            figures = result.to_dict()
+            if simulation is not None:
+                figures["simulation"] = simulation.to_dict()
+            self.stdout.write(json.dumps(figures))
         else:
             self.stdout.write(render(result))
+            if simulation is not None:
+                self.stdout.write(render_simulation(simulation))
+
+    def _simulate(self, request: PlanRequest, result: Plan, o) -> "SimulationResult":
+        from inference.engine.emulation.simulation import Traffic, simulate_deployment
+
+        if not result.fits:
+            raise CommandError(f"--simulate: the plan does not fit ({result.reason})")
+        if request.device.kind != "cuda":
+            raise CommandError("--simulate emulates a GPU: give --device h200, h100, ...")
+        try:
+            traffic = Traffic(
+                rate=o["rate"],
+                duration=o["duration"],
+                tenants=request.tenants,
+                zipf=request.zipf,
+                usage_counts=request.usage_counts,
+                prompt_tokens=request.prompt_tokens,
+                output_tokens=request.output_tokens,
+            )
+        except ValueError as e:
+            raise CommandError(f"--simulate: {e}") from None
+        emulated = {
+            "emulate_device": request.device.name,
+            "emulate_model": o["model"] or o["config"],
+            "emulate_quantization": request.quantization,
+            "targets": request.targets,
+        }
+        return simulate_deployment(
+            _served_model(o["served"]),
+            emulated,
+            result.settings,
+            traffic,
+            settings.VAR_DIR / "simulation-adapters",
+        )
 
     def _request(self, o) -> PlanRequest:
         config, name = _model(o["model"], o["config"])
@@ -112,6 +172,39 @@ def _model(preset: str | None, path: str | None) -> tuple[dict, str]:
     if not isinstance(raw, dict):
         raise CommandError(f"--config {path}: must hold a JSON object")
     return raw, str(path)
+
+
+def _served_model(path: str | None) -> Path:
+    if path is not None:
+        folder = Path(path)
+        if not (folder / "config.json").is_file() or not (folder / "tokenizer.json").is_file():
+            raise CommandError(f"--served {path}: not a model folder (config.json, tokenizer.json)")
+        return folder
+    base = base_model_default()
+    if base is None:
+        raise CommandError(
+            "--simulate needs a served model's tokenizer: import a base model "
+            "(manage.py import_base_model) or give --served"
+        )
+    return Path(base.local_path)
+
+
+def render_simulation(r: "SimulationResult") -> str:
+    rates = ", ".join(f"{tier} {share:.0%}" for tier, share in r.hit_rate.items())
+    return "\n".join(
+        [
+            "",
+            f"simulated {r.simulated_seconds:,.0f} s ({r.requests:,} requests) in "
+            f"{r.wall_seconds:,.0f} s on this machine, on the emulated device:",
+            f"  tokens/s          {r.tokens_per_s:,.1f}",
+            f"  TTFT p50 / p99    {r.ttft_p50_s * 1000:,.0f} ms / {r.ttft_p99_s * 1000:,.0f} ms",
+            f"  ITL p50 / p99     {r.itl_p50_ms:,.1f} ms / {r.itl_p99_ms:,.1f} ms",
+            f"  device busy       {r.device_busy:.0%}",
+            f"  adapters found    {rates}; {r.swap_ins:,} swap-ins",
+            f"  preemptions       {r.preemptions:,}",
+            "",
+        ]
+    )
 
 
 def render(p: Plan) -> str:
