@@ -137,6 +137,7 @@ def main():
             "LORAPLEX_RATE_LIMIT_RPM": "0",
             "LORAPLEX_RATE_LIMIT_TPM": "0",
             "LORAPLEX_TENANT_MAX_CONCURRENCY": "0",
+            "LORAPLEX_TENANT_MAX_TOKENIZATIONS": "0",
         }
         if not deployment["quantization"]:
             env.pop("LORAPLEX_EMULATE_QUANTIZATION")
@@ -172,6 +173,7 @@ def main():
                     "itl_p50_ms": round(1000 * percentile(gaps, 50), 1),
                     "itl_p99_ms": round(1000 * percentile(gaps, 99), 1),
                     "client_cpu_share": round(client_cpu / wall, 2),  # of one core
+                    "error_samples": sorted(set(errors))[:3],
                 }
                 print(json.dumps(row), flush=True)
                 results.append(row)
