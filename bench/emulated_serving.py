@@ -24,43 +24,10 @@ import time
 from pathlib import Path
 
 from common import bench_parser, model_dir, percentile
-from load import PROMPTS, chat_messages, metric_total, setup_platform, start_server
+from load import PROMPTS, metric_total, setup_platform, start_server, timed_stream
 
 ROOT = Path(__file__).resolve().parents[1]
 BUSY = "loraplex_emulated_device_busy_seconds_total"
-
-
-async def stream_chat(client, url, key, model, max_tokens, prompt):
-    """One streaming request: (ttft, the gaps between its tokens' chunks, tokens)."""
-    body = {
-        "model": model,
-        "messages": chat_messages("", prompt),
-        "max_tokens": max_tokens,
-        "ignore_eos": True,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-    start = last = time.perf_counter()
-    ttft, gaps, tokens = None, [], 0
-    async with client.stream(
-        "POST", f"{url}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}
-    ) as response:
-        if response.status_code != 200:
-            raise RuntimeError(f"HTTP {response.status_code}: {await response.aread()}")
-        async for line in response.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if chunk.get("usage"):
-                tokens = chunk["usage"]["completion_tokens"]
-            if chunk.get("choices") and chunk["choices"][0]["delta"].get("content"):
-                now = time.perf_counter()
-                if ttft is None:
-                    ttft = now - start
-                else:
-                    gaps.append(now - last)
-                last = now
-    return ttft if ttft is not None else time.perf_counter() - start, gaps, tokens
 
 
 async def run_streams(url, workload, streams, seconds, max_tokens, seed=0):
@@ -77,7 +44,7 @@ async def run_streams(url, workload, streams, seconds, max_tokens, seed=0):
         while time.perf_counter() < deadline:
             key, model, _folder, _system = rng.choice(workload)
             try:
-                ttft, g, n = await stream_chat(
+                ttft, g, n = await timed_stream(
                     client, url, key, model, max_tokens, rng.choice(PROMPTS)
                 )
             except Exception as exc:  # counted, never fatal: the goal is zero

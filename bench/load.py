@@ -150,6 +150,13 @@ def chat_messages(system: str, prompt: str) -> list[dict]:
 
 async def http_request(client, url, key, model, max_tokens, prompt, system=""):
     """One streaming chat request; returns (ttft seconds, completion tokens) or raises."""
+    ttft, _gaps, tokens = await timed_stream(client, url, key, model, max_tokens, prompt, system)
+    return ttft, tokens
+
+
+async def timed_stream(client, url, key, model, max_tokens, prompt, system=""):
+    """One streaming chat request: (ttft seconds, the gaps between its content chunks,
+    completion tokens), or raises."""
     body = {
         "model": model,
         "messages": chat_messages(system, prompt),
@@ -159,8 +166,8 @@ async def http_request(client, url, key, model, max_tokens, prompt, system=""):
         "stream": True,
         "stream_options": {"include_usage": True},
     }
-    start = time.perf_counter()
-    ttft, tokens = None, 0
+    start = last = time.perf_counter()
+    ttft, gaps, tokens = None, [], 0
     async with client.stream(
         "POST", f"{url}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}
     ) as response:
@@ -172,15 +179,16 @@ async def http_request(client, url, key, model, max_tokens, prompt, system=""):
             chunk = json.loads(line[6:])
             if "error" in chunk:
                 raise RuntimeError(chunk["error"]["message"])
-            if (
-                ttft is None
-                and chunk.get("choices")
-                and chunk["choices"][0]["delta"].get("content")
-            ):
-                ttft = time.perf_counter() - start
+            if chunk.get("choices") and chunk["choices"][0]["delta"].get("content"):
+                now = time.perf_counter()
+                if ttft is None:
+                    ttft = now - start
+                else:
+                    gaps.append(now - last)
+                last = now
             if chunk.get("usage"):
                 tokens = chunk["usage"]["completion_tokens"]
-    return ttft if ttft is not None else time.perf_counter() - start, tokens
+    return ttft if ttft is not None else time.perf_counter() - start, gaps, tokens
 
 
 async def run_load(send, workload, clients: int, seconds: float, max_tokens: int, seed=0):
