@@ -6,7 +6,7 @@ import pytest
 
 from inference.engine import LLMEngine
 from inference.engine.emulation.adapters import tenant_adapters
-from inference.engine.emulation.simulation import Traffic, simulate
+from inference.engine.simulation import Traffic, simulate
 from tests.tiny_llama import make_tiny_llama
 
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")

@@ -27,7 +27,7 @@ from registry.selectors import base_model_default
 from tenants.selectors import requests_per_adapter
 
 if TYPE_CHECKING:
-    from inference.engine.emulation.simulation import SimulationResult
+    from inference.engine.simulation import SimulationResult
 
 RECENT_DAYS = 7  # --from-registry: the traffic mix of the last week
 GB = 1e9
@@ -94,7 +94,7 @@ class Command(BaseCommand):
                 self.stdout.write(render_simulation(simulation))
 
     def _simulate(self, request: PlanRequest, result: Plan, o) -> "SimulationResult":
-        from inference.engine.emulation.simulation import Traffic, simulate_deployment
+        from inference.engine.simulation import Traffic, simulate_deployment
 
         if not result.fits:
             raise CommandError(f"--simulate: the plan does not fit ({result.reason})")

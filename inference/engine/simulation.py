@@ -11,13 +11,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..llm_engine import LLMEngine
-from ..planning import engine_options
-from ..planning.traffic import zipf_weights
-from ..request import EngineRequest, LoRARequest
-from ..sampling_params import SamplingParams
-from .adapters import tenant_adapters
-from .runner import EmulatedModelRunner
+from .emulation.adapters import tenant_adapters
+from .emulation.runner import EmulatedModelRunner
+from .llm_engine import LLMEngine
+from .planning import engine_options
+from .planning.traffic import zipf_weights
+from .request import EngineRequest, LoRARequest
+from .sampling_params import SamplingParams
 
 
 @dataclass(frozen=True)
