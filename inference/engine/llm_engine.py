@@ -18,7 +18,7 @@ from collections.abc import Sequence as SequenceOf
 from concurrent import futures
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from . import blocking
 from .block_manager import BlockManager
@@ -59,10 +59,14 @@ class LLMEngine:
         self.config = config if config is not None else EngineConfig(**kwargs)
         mc = self.config.model_config
         self.tokenizer = _load_tokenizer(self.config)
-        self.model_runner: ModelRunner | EmulatedModelRunner = (
+        # the emulated runner stands in for ModelRunner: it has what this engine calls
+        self.model_runner: ModelRunner = (
             ModelRunner(self.config)
             if self.config.emulate_device is None
-            else EmulatedModelRunner(self.config, frozenset(self.tokenizer.eos_token_ids))
+            else cast(
+                ModelRunner,
+                EmulatedModelRunner(self.config, frozenset(self.tokenizer.eos_token_ids)),
+            )
         )
         if self.model_runner.workers is not None:  # a lost rank wakes an idle step loop
             self.model_runner.workers.on_failure = self._wake
