@@ -99,6 +99,7 @@ def main():
             "LORAPLEX_EMULATE_MODEL": deployment["model"],
             "LORAPLEX_EMULATE_QUANTIZATION": deployment["quantization"] or "",
             "LORAPLEX_MAX_NUM_SEQS": str(max(streams)),
+            "LORAPLEX_MAX_CONNECTIONS": str(2 * max(streams) + 16),  # uvicorn's 503 beyond
             "LORAPLEX_MAX_LORAS": "8",
             "LORAPLEX_MAX_CPU_LORAS": "32",
             "LORAPLEX_RATE_LIMIT_RPM": "0",

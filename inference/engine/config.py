@@ -9,7 +9,6 @@ from inference.kernels.backend import attention_backend
 
 from .errors import ConfigError
 from .lora.peft_rules import DEFAULT_MAX_SAVED_MODULE_PARAMS
-from .memory_pool import DEFAULT_MAX_POOL_SLOTS
 from .model_config import ModelConfig
 from .parallel.group import timeout_seconds
 from .parallel.plan import check_shardable
@@ -19,6 +18,9 @@ from .prefill_cost import PrefillCost
 __all__ = ["DTYPES", "EngineConfig", "ModelConfig"]
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# The host cache's adapters when the operator sets neither max_loras nor max_cpu_loras;
+# the pool then makes at most this many slots.
+DEFAULT_CPU_LORAS = 32
 
 
 def kv_bytes_per_token(mc: ModelConfig, itemsize: int) -> int:
@@ -31,7 +33,7 @@ def default_max_cpu_loras(max_loras: int | None) -> int:
     """Host memory caches a few times what the device slots hold, and never too few; with
     the slot count left to the pool, as many as the pool may make slots."""
     if max_loras is None or isinstance(max_loras, bool) or not isinstance(max_loras, int):
-        return DEFAULT_MAX_POOL_SLOTS
+        return DEFAULT_CPU_LORAS
     return max(4 * max_loras, 16)
 
 

@@ -15,10 +15,6 @@ from dataclasses import dataclass
 
 from .errors import ConfigError
 
-# The slot count when the operator sets none (max_loras): as many as the pool holds, at
-# most this many. More slots keep more idle adapters on the device, but each pinned or
-# idle one is k pages the KV side must ask back, and the host cache should hold as many.
-DEFAULT_MAX_POOL_SLOTS = 32
 # On CPU without a memory budget, the pool gets the default KV cache plus room for this many
 # slots (max_loras when set), so the default cache stays whole beside that many adapters.
 CPU_DEFAULT_SLOTS = 4
@@ -58,10 +54,11 @@ class PoolLayout:
 def plan_slots(
     num_pages: int, k: int, max_loras: int | None, max_cpu_loras: int, budget_note: str
 ) -> int:
-    """The slot count: `max_loras` when the operator set it, else as many as the pool holds
-    (capped by DEFAULT_MAX_POOL_SLOTS and the host cache, which should hold at least the
-    device's adapters). Either way at least one page stays outside the groups, so base-model
-    requests always have a block."""
+    """The slot count: `max_loras` when the operator set it, else as many as the pool holds,
+    up to the host cache's size (which should hold at least the device's adapters). Many
+    slots cost the KV side nothing while idle: an idle adapter's pages go back to it on
+    demand. Either way at least one page stays outside the groups, so base-model requests
+    always have a block."""
     fits = (num_pages - 1) // k if k else 0
     if max_loras is not None:
         if max_loras > fits:
@@ -72,7 +69,7 @@ def plan_slots(
                 f"model) or lower max_loras / max_lora_rank"
             )
         return max_loras
-    slots = min(fits, DEFAULT_MAX_POOL_SLOTS, max_cpu_loras)
+    slots = min(fits, max_cpu_loras)
     if slots < 1:
         raise ConfigError(
             f"{budget_note} holds {num_pages} pages of KV cache; one LoRA slot takes {k} pages "

@@ -79,12 +79,25 @@ class SimulationResult:
     device_busy: float
     hit_rate: dict[str, float]
     swap_ins: int
+    swap_in_seconds: float  # the device's time on adapter copies, which steps queue behind
     preemptions: int
     occupancy: list[dict[str, float]] = field(default_factory=list)  # sampled over time
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k != "occupancy"} | {
-            "occupancy": self.occupancy
+        return dict(self.__dict__)
+
+    def occupancy_summary(self) -> dict[str, float]:
+        """The pool's share held by KV blocks and by adapter slots, on average and at peak."""
+        if not self.occupancy:
+            return {}
+        pages = self.occupancy[0]["pages"] or 1
+        kv = [s["kv_pages"] / pages for s in self.occupancy]
+        adapters = [s["adapter_pages"] / pages for s in self.occupancy]
+        return {
+            "kv_mean": round(statistics.fmean(kv), 4),
+            "kv_peak": round(max(kv), 4),
+            "adapters_mean": round(statistics.fmean(adapters), 4),
+            "adapters_peak": round(max(adapters), 4),
         }
 
 
@@ -154,6 +167,7 @@ def simulate(engine: LLMEngine, traffic: Traffic, adapters: list[Path]) -> Simul
             next_sample = now + sample_every
     end = clock.now()
     stats = engine.stats()
+    lora_slots = runner.lora_slots
     lora = stats["lora"]
     requests = lora["lookups"]["device"] or 1  # every request looks on the device first
     device, host = lora["hits"]["device"] / requests, lora["hits"]["host"] / requests
@@ -174,6 +188,7 @@ def simulate(engine: LLMEngine, traffic: Traffic, adapters: list[Path]) -> Simul
             "disk": round(1 - device - host, 4),
         },
         swap_ins=int(stats["lora_swap_in"]["count"]),
+        swap_in_seconds=round(lora_slots.swap_in_seconds, 4) if lora_slots else 0.0,
         preemptions=stats["preemptions"],
         occupancy=occupancy,
     )

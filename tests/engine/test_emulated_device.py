@@ -96,6 +96,18 @@ def test_the_pool_holds_what_the_planner_finds_for_that_gpu(served_dir):
         "emulated", "h200", "llama-3-70b")  # fmt: skip
 
 
+def test_the_pool_makes_as_many_slots_as_the_host_cache_holds(served_dir):
+    """An idle slot costs the KV side nothing, so a GPU's pool with room for a hundred
+    adapters makes a hundred slots when the host cache holds that many, as planned."""
+    target = {"emulate_device": "h200", "emulate_model": "llama-3-70b",
+              "emulate_quantization": "fp8", "enable_lora": True, "max_lora_rank": 16}  # fmt: skip
+    engine = _engine(served_dir, **target, max_cpu_loras=100)
+    expected = engine.model_runner.target.plan
+    assert engine.model_runner.pool.num_slots == expected.device_slots == 100
+    assert engine.stats()["lora"]["slots_total"] == 100
+    assert _engine(served_dir, **target).model_runner.pool.num_slots == 32  # the host default
+
+
 def test_a_config_json_names_the_emulated_model(served_dir, tmp_path):
     import json
 

@@ -166,8 +166,29 @@ def test_plan_simulate_runs_the_deployment_on_an_emulated_device(tmp_path, setti
     assert simulated["tokens_per_s"] > 0 and 0 < simulated["device_busy"] <= 1
     assert simulated["ttft_p99_s"] >= simulated["ttft_p50_s"] > 0
     assert set(simulated["hit_rate"]) == {"device", "host", "disk"}
-    text = run_plan(*SIMULATE, "--simulate", "--served", str(served))
-    assert "on the emulated device" in text and "device busy" in text
+    assert simulated["swap_ins"] >= 4 and simulated["swap_in_seconds"] > 0  # 4 tenants' first
+    assert all(s["kv_pages"] + s["adapter_pages"] <= s["pages"] for s in simulated["occupancy"])
+    plot = tmp_path / "occupancy.png"
+    text = run_plan(*SIMULATE, "--simulate", "--served", str(served), "--plot", str(plot))
+    assert "on the emulated device" in text and "device busy" in text and "pool held" in text
+    assert plot.read_bytes().startswith(b"\x89PNG")
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (("--plot", "occupancy.svg"), "the plot is a PNG"),
+        (("--plot", "/nonexistent/occupancy.png"), "no folder /nonexistent"),
+    ],
+)
+def test_plan_plot_refuses_bad_paths_before_simulating(tmp_path, extra, message):
+    with pytest.raises(CommandError, match=message):
+        run_plan(*SIMULATE, "--simulate", "--served", "/not/read/yet", *extra)
+
+
+def test_plan_plot_needs_a_simulation(tmp_path):
+    with pytest.raises(CommandError, match="add --simulate"):
+        run_plan(*SIMULATE, "--plot", str(tmp_path / "occupancy.png"))
 
 
 @pytest.mark.parametrize(

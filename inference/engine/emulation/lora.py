@@ -18,13 +18,16 @@ class EmulatedLoRASlots(LoRASlots):
         self.clock = clock
         self.cost = cost
         self.ranks: dict[int, int] = {}  # slot -> its adapter's largest rank
+        self.swap_in_seconds = 0.0  # the device's time spent on adapter copies
 
     def write(self, slot: int, adapter: HostAdapter) -> None:
         super().write(slot, adapter)
         rank = adapter.spec.max_rank or adapter.spec.rank
         self.ranks[slot] = rank
         emulated = emulated_adapter_bytes(self.cost, rank, adapter.spec.target_modules)
-        self.clock.run(self.cost.copy_seconds(emulated), step=False)
+        seconds = self.cost.copy_seconds(emulated)
+        self.swap_in_seconds += seconds
+        self.clock.run(seconds, step=False)
 
     def clear(self, slot: int) -> None:
         super().clear(slot)

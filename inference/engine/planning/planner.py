@@ -25,7 +25,7 @@ from ..fingerprint import TARGET_MODULES
 from ..kv_cache import cpu_default_kv_bytes, memory_pool_bytes
 from ..lora.peft_rules import DEFAULT_MAX_SAVED_MODULE_PARAMS
 from ..lora.slots import reserved_nbytes, slot_layout
-from ..memory_pool import CPU_DEFAULT_SLOTS, DEFAULT_MAX_POOL_SLOTS, pages_per_slot
+from ..memory_pool import CPU_DEFAULT_SLOTS, pages_per_slot
 from ..model_config import ModelConfig
 from ..parallel.plan import ShardPlan, check_shardable
 from .devices import Device
@@ -316,7 +316,7 @@ def _plan(r: PlanRequest, mc: ModelConfig, max_model_len: int) -> Plan:
         pool, pages = pool_pages(reserved(r.max_loras))
         slots = r.max_loras
         if slots is None:
-            slots = max(0, min((pages - 1) // k, DEFAULT_MAX_POOL_SLOTS, r.max_cpu_loras or 0))
+            slots = max(0, min((pages - 1) // k, r.max_cpu_loras or 0))
     else:  # one slot per adapter up to the concurrency (a batch never holds more), as many
         # as leave KV for the concurrency's sequences beside them
         wanted = min(adapters, r.concurrency)

@@ -75,8 +75,14 @@ class Command(BaseCommand):
             help="--simulate: the model folder whose tokenizer and adapters stand in "
             "(default: the registry's default base model)",
         )
+        parser.add_argument(
+            "--plot",
+            metavar="PNG",
+            help="--simulate: draw the pool's KV and adapter pages over time to this file",
+        )
 
     def handle(self, **options):
+        plot = _plot_path(options["plot"], options["simulate"])
         try:
             request = self._request(options)
             result = plan(request)
@@ -92,6 +98,12 @@ class Command(BaseCommand):
             self.stdout.write(render(result))
             if simulation is not None:
                 self.stdout.write(render_simulation(simulation))
+        if plot is not None and simulation is not None:
+            from ._occupancy_plot import plot_occupancy
+
+            plot_occupancy(simulation, plot, f"{result.model} on {result.device} x {result.tp}")
+            if not options["json"]:
+                self.stdout.write(f"occupancy plotted to {plot}")
 
     def _simulate(self, request: PlanRequest, result: Plan, o) -> "SimulationResult":
         from inference.engine.simulation import Traffic, simulate_deployment
@@ -174,6 +186,20 @@ def _model(preset: str | None, path: str | None) -> tuple[dict, str]:
     return raw, str(path)
 
 
+def _plot_path(path: str | None, simulate: bool) -> Path | None:
+    """Checked before a simulation runs, so a bad path never costs its minutes."""
+    if path is None:
+        return None
+    if not simulate:
+        raise CommandError("--plot draws a simulation: add --simulate")
+    file = Path(path)
+    if file.suffix.lower() != ".png":
+        raise CommandError(f"--plot {path}: the plot is a PNG; name a .png file")
+    if not file.parent.is_dir():
+        raise CommandError(f"--plot {path}: no folder {file.parent} to write it in")
+    return file
+
+
 def _served_model(path: str | None) -> Path:
     if path is not None:
         folder = Path(path)
@@ -200,11 +226,24 @@ def render_simulation(r: "SimulationResult") -> str:
             f"  TTFT p50 / p99    {r.ttft_p50_s * 1000:,.0f} ms / {r.ttft_p99_s * 1000:,.0f} ms",
             f"  ITL p50 / p99     {r.itl_p50_ms:,.1f} ms / {r.itl_p99_ms:,.1f} ms",
             f"  device busy       {r.device_busy:.0%}",
-            f"  adapters found    {rates}; {r.swap_ins:,} swap-ins",
+            f"  adapters found    {rates}",
+            f"  swap-ins          {r.swap_ins:,}, the device copying for "
+            f"{r.swap_in_seconds * 1000:,.0f} ms in all",
             f"  preemptions       {r.preemptions:,}",
+            *_occupancy_line(r),
             "",
         ]
     )
+
+
+def _occupancy_line(r: "SimulationResult") -> list[str]:
+    o = r.occupancy_summary()
+    if not o:
+        return []
+    return [
+        f"  pool held         KV {o['kv_mean']:.0%} on average ({o['kv_peak']:.0%} at peak), "
+        f"adapters {o['adapters_mean']:.0%} ({o['adapters_peak']:.0%})"
+    ]
 
 
 def render(p: Plan) -> str:
