@@ -71,6 +71,29 @@ def ideal_tokens_per_s(deployment: dict, streams: int, context: int) -> float:
     return streams / (model.decode_step_ms(streams, context) / 1000)
 
 
+def emulated_env(deployment: dict, streams: int) -> dict[str, str]:
+    """serve's environment for a deployment on the emulated device, with every per-tenant
+    limit lifted (the load is the bench's own) and room for `streams` connections."""
+    env = {
+        **os.environ,
+        "LORAPLEX_ENGINE": "on",
+        "LORAPLEX_EMULATE_DEVICE": deployment["device"],
+        "LORAPLEX_EMULATE_MODEL": deployment["model"],
+        "LORAPLEX_EMULATE_QUANTIZATION": deployment["quantization"] or "",
+        "LORAPLEX_MAX_NUM_SEQS": str(streams),
+        "LORAPLEX_MAX_CONNECTIONS": str(2 * streams + 16),  # uvicorn's 503 beyond
+        "LORAPLEX_MAX_LORAS": "8",
+        "LORAPLEX_MAX_CPU_LORAS": "32",
+        "LORAPLEX_RATE_LIMIT_RPM": "0",
+        "LORAPLEX_RATE_LIMIT_TPM": "0",
+        "LORAPLEX_TENANT_MAX_CONCURRENCY": "0",
+        "LORAPLEX_TENANT_MAX_TOKENIZATIONS": "0",
+    }
+    if not deployment["quantization"]:
+        env.pop("LORAPLEX_EMULATE_QUANTIZATION")
+    return env
+
+
 def parse_deployments(text: str) -> list[dict]:
     out = []
     for item in text.split(","):
@@ -92,23 +115,7 @@ def main():
     workload, _cold = setup_platform(var_dir, model, args.adapters, args.tenants)
     results = []
     for deployment in deployments:
-        env = {
-            **os.environ,
-            "LORAPLEX_ENGINE": "on",
-            "LORAPLEX_EMULATE_DEVICE": deployment["device"],
-            "LORAPLEX_EMULATE_MODEL": deployment["model"],
-            "LORAPLEX_EMULATE_QUANTIZATION": deployment["quantization"] or "",
-            "LORAPLEX_MAX_NUM_SEQS": str(max(streams)),
-            "LORAPLEX_MAX_CONNECTIONS": str(2 * max(streams) + 16),  # uvicorn's 503 beyond
-            "LORAPLEX_MAX_LORAS": "8",
-            "LORAPLEX_MAX_CPU_LORAS": "32",
-            "LORAPLEX_RATE_LIMIT_RPM": "0",
-            "LORAPLEX_RATE_LIMIT_TPM": "0",
-            "LORAPLEX_TENANT_MAX_CONCURRENCY": "0",
-            "LORAPLEX_TENANT_MAX_TOKENIZATIONS": "0",
-        }
-        if not deployment["quantization"]:
-            env.pop("LORAPLEX_EMULATE_QUANTIZATION")
+        env = emulated_env(deployment, max(streams))
         url, proc = start_server(env)
         try:
             asyncio.run(run_streams(url, workload, 4, 3, 8))  # adapters warm, paths compiled

@@ -8,7 +8,8 @@ enough (a suspended tenant, no membership, a missing scope).
 
 from platform_site.errors import ApiError
 
-from .keys import key_matches, split_key
+from .key_cache import KEYS
+from .keys import hash_key, key_matches, split_key
 from .models import ApiKey
 
 BEARER_CHALLENGE = 'Bearer realm="loraplex"'
@@ -66,19 +67,33 @@ def bearer_token(header: str | None) -> str:
 
 
 def api_key_from_header(header: str | None) -> ApiKey:
+    """Reads the database unless the key was verified in this process within the last
+    second (tenants/key_cache.py)."""
     raw = bearer_token(header)
-    parts = split_key(raw)
-    if parts is None:
-        raise InvalidApiKey("Malformed API key: expected 'lpx_<prefix>_<secret>'.")
-    api_key = ApiKey.objects.select_related("tenant").filter(prefix=parts[0]).first()
-    if api_key is None or not key_matches(raw, api_key.hashed_key):
-        raise InvalidApiKey("Incorrect API key.")
+    api_key = cached_api_key(raw)
+    if api_key is None:
+        parts = split_key(raw)
+        if parts is None:
+            raise InvalidApiKey("Malformed API key: expected 'lpx_<prefix>_<secret>'.")
+        api_key = ApiKey.objects.select_related("tenant").filter(prefix=parts[0]).first()
+        if api_key is None or not key_matches(raw, api_key.hashed_key):
+            raise InvalidApiKey("Incorrect API key.")
+        KEYS.put(api_key.hashed_key, api_key)
+    require_usable(api_key)
+    return api_key
+
+
+def cached_api_key(raw: str) -> ApiKey | None:
+    """The key behind `raw` if this process verified it within the last second; no query."""
+    return KEYS.get(hash_key(raw))
+
+
+def require_usable(api_key: ApiKey) -> None:
     if api_key.is_revoked:
         raise RevokedApiKey("This API key has been revoked.")
     if api_key.is_expired:
         raise ExpiredApiKey("This API key has expired.")
     require_active(api_key.tenant)
-    return api_key
 
 
 def require_active(tenant) -> None:

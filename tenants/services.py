@@ -127,9 +127,13 @@ def api_key_revoke(*, api_key: ApiKey, actor: str | None = None) -> ApiKey:
     return api_key
 
 
+def api_key_touch_due(api_key: ApiKey, now: datetime) -> bool:
+    return api_key.last_used_at is None or now - api_key.last_used_at >= LAST_USED_RESOLUTION
+
+
 def api_key_touch(*, api_key: ApiKey, now: datetime | None = None) -> None:
     """Record use at most once a minute, so hot keys don't turn every request into a write."""
     now = now or timezone.now()
-    if api_key.last_used_at is None or now - api_key.last_used_at >= LAST_USED_RESOLUTION:
+    if api_key_touch_due(api_key, now):
         ApiKey.objects.filter(pk=api_key.pk).update(last_used_at=now)
         api_key.last_used_at = now

@@ -1,10 +1,12 @@
 """Chooses each sequence's next token from its logits on the logits' device, and reports
 logprobs, with one device-to-host copy per step.
 
-The draw is the exponential race (argmax of p / E with E ~ Exp(1), here in logs), which
-samples exactly from p. E comes from counter-based noise (sampling_noise.py): a function of
-the request's seed and the index of the token being sampled, so a seeded request gets the
-same tokens whatever else shares its batch, with no generator objects. Every row is handled
+The draw inverts each row's cumulative distribution at one uniform u: the first token whose
+cumulative probability exceeds u, which samples exactly from p. u comes from counter-based
+noise (sampling_noise.py): a function of the request's seed and the index of the token being
+sampled, so a seeded request gets the same tokens whatever else shares its batch, with no
+generator objects. The cumulative sum is taken per row in float64, so its rounding neither
+depends on the batch nor moves a token's probability by more than about 1e-12. Every row is handled
 by the same tensor operations, greedy rows take the exact argmax, and `sample` neither
 synchronises with the host nor branches on device values, so it can run in a CUDA graph
 (the per-row parameters then live in static buffers).
@@ -24,7 +26,7 @@ import torch
 from . import grammar_mask
 from .logits_processors import LogitsAdjustments, adjust, cut_min_p
 from .logprobs import TokenLogprob
-from .sampling_noise import as_int64_seed, log_exponential, row_keys
+from .sampling_noise import as_int64_seed, row_keys, uniform
 from .sequence import Sequence
 from .token_counts import TokenCounts
 from .utils import to_device
@@ -141,10 +143,13 @@ def sample(
         scaled = logits / tensors.temperature[:, None]
         if adjustments is not None and adjustments.min_p is not None:
             scaled = cut_min_p(scaled, adjustments.min_p)
-        if tensors.any_cut:
+        if tensors.any_cut:  # top_p may keep another of tied most likely tokens
             scaled = _cut(scaled, tensors.top_k, tensors.top_p)
-        noise = log_exponential(row_keys(tensors.seeds, tensors.steps), logits.shape[-1])
-        tokens = torch.where(tensors.greedy, tokens, (scaled - noise).argmax(dim=-1))
+            largest = scaled.amax(dim=-1, keepdim=True)
+        else:  # min_p keeps every most likely token: the greedy one's is the largest
+            largest = scaled.gather(1, tokens[:, None])
+        drawn = invert_cdf(scaled, largest, uniform(row_keys(tensors.seeds, tensors.steps)))
+        tokens = torch.where(tensors.greedy, tokens, drawn)
     columns = [tokens[:, None].double()]
     width = tensors.logprobs_width
     if width is not None:
@@ -154,6 +159,17 @@ def sample(
             top = logprobs.topk(width, dim=-1)
             columns += [top.indices.double(), top.values.double()]
     return torch.cat(columns, dim=1)
+
+
+def invert_cdf(scaled: torch.Tensor, largest: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Per row, the first token whose cumulative softmax(scaled) exceeds u (a token cut to
+    -inf has no mass, so it is never the first): a draw from softmax(scaled). `largest` is
+    each row's largest value ([rows, 1]); `scaled` is used up."""
+    weights = scaled.sub_(largest).exp_()
+    cumulative = weights.cumsum(dim=-1, dtype=torch.float64)
+    target = u[:, None] * cumulative[:, -1:]
+    drawn = torch.searchsorted(cumulative, target, right=True).squeeze(1)
+    return drawn.clamp_(max=scaled.shape[-1] - 1)
 
 
 def unpack(rows: list[list[float]], seqs: list[Sequence], width: int | None) -> SamplerOutput:

@@ -1,14 +1,16 @@
-"""Counter-based random noise for sampling: a pure function of (seed, step, vocabulary index).
+"""Counter-based random numbers for sampling: a pure function of (seed, step).
 
-No generator objects and no state: the noise a row gets depends only on its request's seed
+No generator objects and no state: the number a row gets depends only on its request's seed
 and the index of the token being sampled, so a seeded request draws the same whatever shares
 its batch and in whatever row, a preempted request redraws what it drew before, and the same
-noise comes out on CPU and CUDA. Everything is int64 tensor arithmetic (wrap-around multiply,
-xor, shifts), so it runs on the device inside a CUDA graph with no host synchronisation.
+number comes out on CPU and CUDA. Everything is int64 tensor arithmetic (wrap-around
+multiply, xor, shifts), so it runs on the device inside a CUDA graph with no host
+synchronisation. One number per row, not one per vocabulary entry: on a CPU, hashing every
+entry of a 49k vocabulary for a batch of 64 cost more than the rest of the step's host work.
 
 The hash is splitmix64 (Steele, Lea and Flood, "Fast splittable pseudorandom number
-generators", 2014): a row's key mixes its seed and step, and the v-th vocabulary entry takes
-the v-th output of the splitmix64 stream started at that key.
+generators", 2014): a row's key mixes its seed and step, and its uniform is the first output
+of the splitmix64 stream started at that key.
 """
 
 import torch
@@ -25,7 +27,7 @@ def _signed(value: int) -> int:
 _GAMMA = _signed(0x9E3779B97F4A7C15)  # splitmix64's increment: 2**64 / golden ratio, odd
 _MIX1 = _signed(0xBF58476D1CE4E5B9)
 _MIX2 = _signed(0x94D049BB133111EB)
-_UNIFORM_BITS = 23  # (2k + 1) / 2**24 is exact in float32 for k < 2**23
+_UNIFORM_BITS = 52  # (2k + 1) / 2**53 is exact in float64 for k < 2**52
 
 
 def as_int64_seed(seed: int) -> int:
@@ -51,14 +53,7 @@ def row_keys(seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
     return mix64(mix64(seeds + _GAMMA) + steps)
 
 
-def uniform(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """[rows, vocab_size] float32 uniforms in (0, 1), never 0 or 1: 23 random bits each."""
-    index = torch.arange(1, vocab_size + 1, dtype=torch.int64, device=keys.device)
-    bits = _shift_right(mix64(keys[:, None] + index * _GAMMA), 64 - _UNIFORM_BITS)
-    return (bits * 2 + 1).to(torch.float32) * 2.0 ** -(_UNIFORM_BITS + 1)
-
-
-def log_exponential(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """log E with E ~ Exp(1), one per row and vocabulary entry: argmax(logits - log E) is a
-    draw from softmax(logits) (the exponential race argmax p / E, in logs)."""
-    return uniform(keys, vocab_size).log().neg_().log_()
+def uniform(keys: torch.Tensor) -> torch.Tensor:
+    """[rows] float64 uniforms in (0, 1), never 0 or 1: 52 random bits each."""
+    bits = _shift_right(mix64(keys + _GAMMA), 64 - _UNIFORM_BITS)
+    return (bits * 2 + 1).to(torch.float64) * 2.0 ** -(_UNIFORM_BITS + 1)

@@ -22,7 +22,7 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 
 from inference import ratelimit, usage
-from inference.auth import inference_principal
+from inference.auth import inference_principal_async
 from inference.engine import EngineRequest, SamplingParams
 from inference.errors import ContextLengthExceeded, ProtocolError
 from inference.host.engine_host import HOST
@@ -90,7 +90,7 @@ class Prepared:
 
 
 async def prepare(request, endpoint: Endpoint) -> Prepared:
-    principal = await sync_to_async(inference_principal)(request)
+    principal = await inference_principal_async(request)
     # Parsing and schema checks off the event loop, which only moves bytes.
     parsed = await sync_to_async(_parse, thread_sensitive=False)(endpoint, request)
     await sync_to_async(ratelimit.check_request_rate)(principal=principal)

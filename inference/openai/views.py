@@ -6,7 +6,7 @@ from asgiref.sync import sync_to_async
 from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 
 from inference import ratelimit
-from inference.auth import inference_principal
+from inference.auth import inference_principal_async
 from inference.host.engine_host import HOST
 from inference.http import json_endpoint, require_method
 from inference.resolution import resolve_model
@@ -54,7 +54,7 @@ async def _tokenizer_call(request, parse, answer):
     """/tokenize and /detokenize: the caller's key, its request rate, the model resolved in
     its tenant (for the tokenizer of that model's base), then the work off the event loop."""
     require_method(request, "POST")
-    principal = await sync_to_async(inference_principal)(request, scope=INFERENCE)
+    principal = await inference_principal_async(request, scope=INFERENCE)
     parsed = await sync_to_async(lambda: parse(load_json(request.body)), thread_sensitive=False)()
     await sync_to_async(ratelimit.check_request_rate)(principal=principal)
     engine = await HOST.started_engine()
@@ -81,7 +81,7 @@ async def detokenize_view(request):
 @json_endpoint
 async def models(request):
     require_method(request, "GET")
-    principal = await sync_to_async(inference_principal)(request, scope=INFERENCE)
+    principal = await inference_principal_async(request, scope=INFERENCE)
     data = await sync_to_async(models_for_tenant)(
         tenant=principal.tenant, contexts=_served_contexts()
     )
@@ -91,7 +91,7 @@ async def models(request):
 @json_endpoint
 async def model(request, model_id: str):
     require_method(request, "GET")
-    principal = await sync_to_async(inference_principal)(request, scope=INFERENCE)
+    principal = await inference_principal_async(request, scope=INFERENCE)
     found = await sync_to_async(model_for_tenant)(
         tenant=principal.tenant, model_id=model_id, contexts=_served_contexts()
     )

@@ -36,12 +36,12 @@ def _splitmix_mix(z: int) -> int:
     return z ^ (z >> 31)
 
 
-def _reference_uniform(seed: int, step: int, index: int) -> float:
+def _reference_uniform(seed: int, step: int) -> float:
     """splitmix64 in plain Python integers, as sampling_noise.py documents it."""
     gamma = 0x9E3779B97F4A7C15
     key = _splitmix_mix((_splitmix_mix((seed + gamma) & MASK64) + step) & MASK64)
-    bits = _splitmix_mix((key + (index + 1) * gamma) & MASK64) >> 41
-    return (2 * bits + 1) / 2**24
+    bits = _splitmix_mix((key + gamma) & MASK64) >> 12
+    return (2 * bits + 1) / 2**53
 
 
 def test_noise_is_splitmix64_computed_in_int64_tensors():
@@ -50,16 +50,14 @@ def test_noise_is_splitmix64_computed_in_int64_tensors():
     keys = row_keys(
         torch.tensor([as_int64_seed(s) for s in seeds]), torch.tensor(steps, dtype=torch.int64)
     )
-    got = uniform(keys, 50)
-    expected = [
-        [_reference_uniform(s, t, v) for v in range(50)] for s, t in zip(seeds, steps, strict=True)
-    ]
-    assert got.tolist() == expected  # exact: 23 bits fit float32
+    got = uniform(keys)
+    expected = [_reference_uniform(s, t) for s, t in zip(seeds, steps, strict=True)]
+    assert got.tolist() == expected  # exact: 52 bits fit float64
 
 
 def test_noise_is_uniform_in_the_open_interval():
-    keys = row_keys(torch.arange(64), torch.zeros(64, dtype=torch.int64))
-    u = uniform(keys, 4096).double()
+    seeds, steps = torch.arange(64).repeat_interleave(4096), torch.arange(4096).repeat(64)
+    u = uniform(row_keys(seeds, steps)).view(64, 4096)
     assert u.min() > 0 and u.max() < 1
     assert abs(u.mean().item() - 0.5) < 0.002  # sd of the mean: 0.29 / 512
     # each of 16 bins holds 1/16 of the draws (expected 16384 each, sd about 124)
@@ -168,6 +166,18 @@ def test_top_k_and_top_p_cut_per_row_in_one_batch():
         assert set(tokens[k :: len(kinds)]) == allowed
 
 
+def test_tied_most_likely_tokens_under_a_tight_top_p_draw_one_of_them():
+    """top_p keeps one of two tied leaders, whichever its sort put first; the draw lands on
+    the one kept, never on a cut token nor on nothing."""
+    logits = torch.full((1, 64), -3.0)
+    logits[0, 20] = logits[0, 41] = 5.0
+    draws = {
+        Sampler()(logits, [make_seq(seed, temperature=1.0, top_p=0.1)]).token_ids[0]
+        for seed in range(50)
+    }
+    assert len(draws) == 1 and draws <= {20, 41}
+
+
 def test_top_k_draws_follow_the_renormalised_softmax():
     logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -3.0, 4.0, -9.0])
     n = 5000
@@ -202,7 +212,7 @@ def test_an_all_greedy_batch_draws_no_noise(monkeypatch):
     def no_noise(*args):
         raise AssertionError("a greedy batch needs no noise")
 
-    monkeypatch.setattr(sampler_module, "log_exponential", no_noise)
+    monkeypatch.setattr(sampler_module, "uniform", no_noise)
     logits = random_logits(3, 100)
     tokens = Sampler()(logits, [make_seq(i, temperature=0) for i in range(3)]).token_ids
     assert tokens == logits.argmax(-1).tolist()
@@ -281,8 +291,8 @@ def test_on_cuda_it_never_synchronises_and_draws_what_the_cpu_draws():
         on_gpu = sample(gpu_logits, gpu_logits, tensors)
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    # the same noise bit for bit, so the same tokens: only a race tied within a float32 ulp
-    # of log() could differ, and among 8 rows that is far too unlikely to expect
+    # the same uniform bit for bit, so the same tokens: only a uniform within rounding of a
+    # cumulative boundary could differ, and among 8 rows that is far too unlikely to expect
     assert on_gpu[:, 0].tolist() == on_cpu[:, 0].tolist()
     assert torch.allclose(on_gpu[:, 1:].cpu(), on_cpu[:, 1:], atol=1e-5)
 

@@ -5,7 +5,7 @@ import json
 from asgiref.sync import sync_to_async
 from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 
-from inference.auth import inference_principal
+from inference.auth import inference_principal_async
 from inference.http import json_endpoint, require_method
 from platform_site.errors import MethodNotAllowed
 
@@ -34,7 +34,7 @@ async def response(request, response_id: str):
     """GET: the stored response; DELETE: it is gone. Only the tenant's own."""
     if request.method not in ("GET", "DELETE"):
         raise MethodNotAllowed("Use GET or DELETE.", headers={"Allow": "GET, DELETE"})
-    principal = await sync_to_async(inference_principal)(request)
+    principal = await inference_principal_async(request)
     if request.method == "GET":
         body = await sync_to_async(stored_response_body)(
             tenant=principal.tenant, response_id=response_id
