@@ -93,9 +93,7 @@ async def prepare(request, endpoint: Endpoint) -> Prepared:
     principal = await inference_principal_async(request)
     # Parsing and schema checks off the event loop, which only moves bytes.
     parsed = await sync_to_async(_parse, thread_sensitive=False)(endpoint, request)
-    await sync_to_async(ratelimit.check_request_rate)(principal=principal)
-    await sync_to_async(ratelimit.check_token_budget)(tenant_id=principal.tenant.id)
-    await sync_to_async(endpoint.context)(parsed, principal)
+    await sync_to_async(_check_limits_and_context)(endpoint, parsed, principal)
     engine = await HOST.started_engine()
     resolved = await sync_to_async(resolve_model)(
         tenant=principal.tenant, name=parsed.model, base_model_name=HOST.served_name()
@@ -135,6 +133,14 @@ async def prepare(request, endpoint: Endpoint) -> Prepared:
         prepared, tokens=engine_tokens(parsed, sum(lengths), sum(p.max_tokens for p in params))
     )
     return prepared
+
+
+def _check_limits_and_context(endpoint: Endpoint, parsed, principal) -> None:
+    """The caller's request rate and token budget, then the endpoint's context (a stored
+    response, say): one visit to the thread that may touch the database, not three."""
+    ratelimit.check_request_rate(principal=principal)
+    ratelimit.check_token_budget(tenant_id=principal.tenant.id)
+    endpoint.context(parsed, principal)
 
 
 def _parse(endpoint: Endpoint, request) -> GenerationRequest:
