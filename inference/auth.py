@@ -58,9 +58,7 @@ def inference_principal(request, *, scope: str = INFERENCE) -> Principal:
         api_key = api_key_from_header(header)
         api_key_touch(api_key=api_key)
         principal = principal_for(api_key=api_key)
-    if not principal.has_scope(scope):
-        raise InsufficientScope(principal.missing_scope_message(scope))
-    return principal
+    return _with_scope(principal, scope)
 
 
 async def inference_principal_async(request, *, scope: str = INFERENCE) -> Principal:
@@ -74,11 +72,14 @@ async def inference_principal_async(request, *, scope: str = INFERENCE) -> Princ
             api_key = None  # inference_principal says why
         if api_key is not None and not api_key_touch_due(api_key, timezone.now()):
             require_usable(api_key)
-            principal = principal_for(api_key=api_key)
-            if not principal.has_scope(scope):
-                raise InsufficientScope(principal.missing_scope_message(scope))
-            return principal
+            return _with_scope(principal_for(api_key=api_key), scope)
     return await sync_to_async(inference_principal)(request, scope=scope)
+
+
+def _with_scope(principal: Principal, scope: str) -> Principal:
+    if not principal.has_scope(scope):
+        raise InsufficientScope(principal.missing_scope_message(scope))
+    return principal
 
 
 def authorize_scrape(request) -> None:

@@ -6,8 +6,8 @@ cumulative probability exceeds u, which samples exactly from p. u comes from cou
 noise (sampling_noise.py): a function of the request's seed and the index of the token being
 sampled, so a seeded request gets the same tokens whatever else shares its batch, with no
 generator objects. The cumulative sum is taken per row in float64, so its rounding neither
-depends on the batch nor moves a token's probability by more than about 1e-12. Every row is handled
-by the same tensor operations, greedy rows take the exact argmax, and `sample` neither
+depends on the batch nor moves a token's probability by more than about 1e-12. Every row
+is handled by the same tensor operations, greedy rows take the exact argmax, and `sample` neither
 synchronises with the host nor branches on device values, so it can run in a CUDA graph
 (the per-row parameters then live in static buffers).
 
