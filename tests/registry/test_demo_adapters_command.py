@@ -66,3 +66,29 @@ def test_refuses_before_the_base_model_and_the_demo_tenant_exist():
     with pytest.raises(CommandError, match="bootstrap_demo and import_base_model"):
         run("demo_adapters")
     assert not Adapter.objects.exists()
+
+
+def test_a_version_the_worker_validates_first_is_waited_for_not_called_rejected(monkeypatch):
+    """The upload queues validation too: when the worker claims a version before the command
+    validates it inline, the command waits for the worker's verdict."""
+    from registry.management.commands import demo_adapters as command
+    from registry.services.versions import adapter_version_validate
+
+    base_model_import(name=BASE_PRESET, path=smollm2_dir(), default=True)
+    run("bootstrap_demo")
+
+    def claimed_by_the_worker(*, version_id):
+        return None  # _start found it taken: the worker validates it
+
+    waited = []
+
+    def worker_finishes(seconds):  # the command's poll: the worker's verdict lands meanwhile
+        waited.append(seconds)
+        for version in AdapterVersion.objects.exclude(status=AdapterVersion.READY):
+            adapter_version_validate(version_id=version.pk)
+
+    monkeypatch.setattr(command, "adapter_version_validate", claimed_by_the_worker)
+    monkeypatch.setattr(command.time, "sleep", worker_finishes)
+    out = run("demo_adapters")
+    assert "rejected" not in out and waited
+    assert set(AdapterVersion.objects.values_list("status", flat=True)) == {AdapterVersion.READY}

@@ -13,6 +13,7 @@ from registry.selectors import adapter_list, base_model_default
 from registry.services.adapters import adapter_create, adapter_update
 from registry.services.aliases import alias_set, alias_target_refusal
 from registry.services.eval_sets import eval_set_attach
+from registry.services.transitions import undecided
 from registry.services.versions import adapter_version_create, adapter_version_validate
 from tenants.models import Tenant
 from tenants.selectors import tenant_find
@@ -64,9 +65,19 @@ def _install(demo: DemoAdapter, owner: Tenant) -> AdapterVersion:
     ):
         version, _ = adapter_version_create(adapter=adapter, config=c, weights=w, actor=ACTOR)
     if version.status != version.READY:
-        version = adapter_version_validate(version_id=version.pk) or version
+        version = adapter_version_validate(version_id=version.pk) or _decided(version)
     if version.status != version.READY:
         raise CommandError(f"{demo.name} was rejected: {version.report}")
+    return version
+
+
+def _decided(version: AdapterVersion) -> AdapterVersion:
+    """A version the worker took to validate first (the upload queued it too): it is ready or
+    rejected once the worker is done, or once the sweep gives a dead worker's run up."""
+    version.refresh_from_db()
+    while undecided(version):
+        time.sleep(POLL_SECONDS)
+        version.refresh_from_db()
     return version
 
 
